@@ -1,0 +1,223 @@
+//! The state machine, as pure functions of (stored record, request, now).
+//!
+//! Nothing here touches storage: the writer thread and the read path both call [`decide`], and a
+//! second backend can reuse these functions with the same tests. This module must never read a
+//! clock or a table itself.
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::error::StaleReason;
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, RecordState};
+use crate::response::Response;
+
+/// What `begin` must do, decided from the stored record alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// No live record: claim it (fresh attempt 1).
+    Claim,
+    /// An in-progress record whose lease ended: take it over as the next attempt.
+    TakeOver,
+    /// A completed record for the same request: answer with its response.
+    Replay,
+    /// A live claim for the same request holds the scope.
+    InProgress { retry_after: Duration },
+    /// The scope is held or completed for a different request.
+    Mismatch,
+}
+
+/// The table in DESIGN.md, as code.
+pub(crate) fn decide(
+    existing: Option<&Record>,
+    fingerprint: &Fingerprint,
+    now: Timestamp,
+) -> Decision {
+    let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
+        return Decision::Claim;
+    };
+    if record.fingerprint != *fingerprint {
+        return Decision::Mismatch;
+    }
+    match &record.state {
+        RecordState::Completed { .. } => Decision::Replay,
+        RecordState::InProgress { lease_until, .. } if *lease_until > now => Decision::InProgress {
+            retry_after: lease_until.saturating_since(now),
+        },
+        RecordState::InProgress { .. } => Decision::TakeOver,
+    }
+}
+
+/// The record written by a fresh claim.
+pub(crate) fn claimed(
+    fingerprint: Fingerprint,
+    fence: u64,
+    now: Timestamp,
+    lease: Duration,
+) -> Record {
+    Record {
+        fingerprint,
+        fence,
+        origin_fence: fence,
+        attempt: 1,
+        created_at: now,
+        state: RecordState::InProgress {
+            lease_until: now.saturating_add(lease),
+            checkpoint: None,
+        },
+    }
+}
+
+/// The record written when an expired lease is taken over: a new fence, the next attempt, and
+/// the previous holder's checkpoint kept for the new holder to read.
+pub(crate) fn taken_over(previous: &Record, fence: u64, now: Timestamp, lease: Duration) -> Record {
+    let checkpoint = match &previous.state {
+        RecordState::InProgress { checkpoint, .. } => checkpoint.clone(),
+        RecordState::Completed { .. } => None,
+    };
+    Record {
+        fence,
+        attempt: previous.attempt.saturating_add(1),
+        state: RecordState::InProgress {
+            lease_until: now.saturating_add(lease),
+            checkpoint,
+        },
+        ..previous.clone()
+    }
+}
+
+/// The record written by a successful commit.
+pub(crate) fn completed(
+    held: &Record,
+    response: Response,
+    now: Timestamp,
+    ttl: Duration,
+) -> Record {
+    Record {
+        state: RecordState::Completed {
+            completed_at: now,
+            expires_at: now.saturating_add(ttl),
+            response,
+        },
+        ..held.clone()
+    }
+}
+
+/// Checks that the holder of `fence` still holds the scope: the record exists, is in progress
+/// and carries that fence. An expired lease that nobody took over is still held: the fence, not
+/// the clock, decides who may finish.
+pub(crate) fn check_fence(existing: Option<&Record>, fence: u64) -> Result<&Record, StaleReason> {
+    let record = existing.ok_or(StaleReason::Gone)?;
+    if record.fence != fence {
+        return Err(StaleReason::TakenOver {
+            current_fence: record.fence,
+        });
+    }
+    match record.state {
+        RecordState::InProgress { .. } => Ok(record),
+        RecordState::Completed { .. } => Err(StaleReason::AlreadyCompleted),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LEASE: Duration = Duration::from_secs(30);
+    const TTL: Duration = Duration::from_secs(3600);
+
+    fn fp(s: &str) -> Fingerprint {
+        Fingerprint::of_bytes(s.as_bytes())
+    }
+
+    fn t(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    #[test]
+    fn absent_is_claimed() {
+        assert_eq!(decide(None, &fp("a"), t(0)), Decision::Claim);
+    }
+
+    #[test]
+    fn live_lease_same_request_is_in_progress_with_remaining_lease() {
+        let rec = claimed(fp("a"), 1, t(1_000), LEASE);
+        assert_eq!(
+            decide(Some(&rec), &fp("a"), t(11_000)),
+            Decision::InProgress {
+                retry_after: Duration::from_secs(20)
+            }
+        );
+    }
+
+    #[test]
+    fn expired_lease_is_taken_over_exactly_at_expiry() {
+        let rec = claimed(fp("a"), 1, t(0), LEASE);
+        assert!(matches!(
+            decide(Some(&rec), &fp("a"), t(29_999)),
+            Decision::InProgress { .. }
+        ));
+        assert_eq!(decide(Some(&rec), &fp("a"), t(30_000)), Decision::TakeOver);
+    }
+
+    #[test]
+    fn different_request_is_a_mismatch_whatever_the_state() {
+        let held = claimed(fp("a"), 1, t(0), LEASE);
+        let expired_lease = held.clone();
+        let done = completed(&held, Response::new(200, b"ok".to_vec()), t(5), TTL);
+        assert_eq!(decide(Some(&held), &fp("b"), t(1)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&expired_lease), &fp("b"), t(60_000)),
+            Decision::Mismatch
+        );
+        assert_eq!(decide(Some(&done), &fp("b"), t(10)), Decision::Mismatch);
+    }
+
+    #[test]
+    fn completed_replays_until_ttl_then_counts_as_absent() {
+        let held = claimed(fp("a"), 1, t(0), LEASE);
+        let done = completed(&held, Response::new(201, b"x".to_vec()), t(100), TTL);
+        assert_eq!(
+            decide(Some(&done), &fp("a"), t(3_600_099)),
+            Decision::Replay
+        );
+        assert_eq!(decide(Some(&done), &fp("a"), t(3_600_100)), Decision::Claim);
+        assert_eq!(decide(Some(&done), &fp("b"), t(3_600_100)), Decision::Claim);
+    }
+
+    #[test]
+    fn take_over_bumps_attempt_keeps_origin_and_checkpoint() {
+        let mut held = claimed(fp("a"), 4, t(0), LEASE);
+        held.state = RecordState::InProgress {
+            lease_until: t(30_000),
+            checkpoint: Some(b"charged".to_vec()),
+        };
+        let next = taken_over(&held, 9, t(40_000), LEASE);
+        assert_eq!(next.fence, 9);
+        assert_eq!(next.origin_fence, 4);
+        assert_eq!(next.attempt, 2);
+        assert_eq!(
+            next.state,
+            RecordState::InProgress {
+                lease_until: t(70_000),
+                checkpoint: Some(b"charged".to_vec()),
+            }
+        );
+    }
+
+    #[test]
+    fn fence_check_names_why_a_claim_is_stale() {
+        let held = claimed(fp("a"), 4, t(0), LEASE);
+        assert!(check_fence(Some(&held), 4).is_ok());
+        assert_eq!(check_fence(None, 4), Err(StaleReason::Gone));
+        assert_eq!(
+            check_fence(Some(&held), 3),
+            Err(StaleReason::TakenOver { current_fence: 4 })
+        );
+        let done = completed(&held, Response::new(200, vec![]), t(1), TTL);
+        assert_eq!(
+            check_fence(Some(&done), 4),
+            Err(StaleReason::AlreadyCompleted)
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! Errors from the claim lifecycle: begin, commit, release, extend, checkpoint, and plain writes.
+
+use std::fmt;
+
+use super::{BoxError, ResponseError, StoreError};
+use crate::claim::Claim;
+use crate::scope::Scope;
+
+/// `begin` could not decide. Nothing was written; the request may be retried.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BeginError {
+    /// Storage failed or the store is poisoned or closed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a claim no longer holds its scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StaleReason {
+    /// The record is gone: the claim was released, or the record was evicted.
+    Gone,
+    /// The lease expired and another attempt took the scope over with a newer fence.
+    TakenOver {
+        /// The fence of the attempt that holds it now.
+        current_fence: u64,
+    },
+    /// The record is already completed.
+    AlreadyCompleted,
+}
+
+impl fmt::Display for StaleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StaleReason::Gone => f.write_str("its record was released or evicted"),
+            StaleReason::TakenOver { current_fence } => write!(
+                f,
+                "its lease expired and attempt with fence {current_fence} took the key over"
+            ),
+            StaleReason::AlreadyCompleted => f.write_str("the key is already completed"),
+        }
+    }
+}
+
+/// A claim's fence no longer matches the stored record. Nothing was changed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error(
+    "the claim on {scope} with fence {fence} is stale: {reason}; stop this attempt, its result will not be stored (extend the lease or checkpoint more often if work outlives it)"
+)]
+pub struct StaleClaim {
+    /// The scope.
+    pub scope: Scope,
+    /// The stale claim's fence.
+    pub fence: u64,
+    /// Why it is stale.
+    pub reason: StaleReason,
+}
+
+/// `commit` did not store the response.
+///
+/// Variants that carry the claim leave it held: nothing of the request was written, and the
+/// caller may [`release`](Claim::release) it (no side effect happened) or commit a failure
+/// response. [`CommitError::into_claim`] takes it back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommitError {
+    /// The closure returned an error. None of its writes were kept.
+    #[error(
+        "the commit closure failed ({source}); nothing was written and the claim is still held: release it or commit a failure response"
+    )]
+    Aborted {
+        /// The closure's error.
+        source: BoxError,
+        /// The claim, still held (boxed: it is large, and errors travel by value).
+        claim: Box<Claim>,
+    },
+    /// The closure panicked. None of its writes were kept; the store is unaffected.
+    #[error(
+        "the commit closure panicked ({message}); nothing was written and the claim is still held"
+    )]
+    Panicked {
+        /// The panic message.
+        message: String,
+        /// The claim, still held (boxed: it is large, and errors travel by value).
+        claim: Box<Claim>,
+    },
+    /// The closure's response does not fit the limits.
+    #[error("the response was refused ({source}); nothing was written and the claim is still held")]
+    InvalidResponse {
+        /// What is wrong with it.
+        source: ResponseError,
+        /// The claim, still held (boxed: it is large, and errors travel by value).
+        claim: Box<Claim>,
+    },
+    /// The claim's fence is stale: another attempt owns the scope.
+    #[error(transparent)]
+    Stale(#[from] StaleClaim),
+    /// Storage failed; the group's writes were not acknowledged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl CommitError {
+    /// The claim, if this error left it held.
+    pub fn into_claim(self) -> Option<Claim> {
+        match self {
+            CommitError::Aborted { claim, .. }
+            | CommitError::Panicked { claim, .. }
+            | CommitError::InvalidResponse { claim, .. } => Some(*claim),
+            CommitError::Stale(_) | CommitError::Store(_) => None,
+        }
+    }
+}
+
+/// `release`, `extend` or `checkpoint` failed. Nothing was changed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The claim's fence is stale: another attempt owns the scope.
+    #[error(transparent)]
+    Stale(#[from] StaleClaim),
+    /// The checkpoint is larger than the store accepts.
+    #[error(
+        "the checkpoint is {len} bytes, over the limit of {max}; store a reference, not the data"
+    )]
+    CheckpointTooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A lease extension of zero or beyond the maximum.
+    #[error("a lease of {requested_ms} ms is outside 1 ms ..= {max_ms} ms")]
+    InvalidLease {
+        /// What was asked, in milliseconds.
+        requested_ms: u128,
+        /// The largest lease accepted.
+        max_ms: u128,
+    },
+    /// Storage failed; nothing was acknowledged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A keyless `Store::write` did not commit. Nothing of it was written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WriteError {
+    /// The closure returned an error.
+    #[error("the write closure failed ({0}); nothing was written")]
+    Aborted(#[source] BoxError),
+    /// The closure panicked.
+    #[error("the write closure panicked ({message}); nothing was written")]
+    Panicked {
+        /// The panic message.
+        message: String,
+    },
+    /// Storage failed; the group's writes were not acknowledged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,72 @@
+//! Errors from opening a store.
+
+use std::path::PathBuf;
+
+/// The store could not be opened. Nothing was changed on disk, except that a missing directory
+/// may have been created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// A builder setting is out of range.
+    #[error("invalid setting {setting}: {reason}")]
+    InvalidConfig {
+        /// The builder method.
+        setting: &'static str,
+        /// What is wrong and what range is valid.
+        reason: String,
+    },
+    /// The directory or a file in it could not be created or opened.
+    #[error(
+        "cannot use {path}: {source}; check that the path is a directory this process may write"
+    )]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// Another store (in this or another process) has the directory open.
+    #[error(
+        "{path} is already open in this or another process; close the other store first (one writer per directory)"
+    )]
+    AlreadyOpen {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// redb could not open the database file.
+    #[error(
+        "cannot open the database {path}: {source}; if the file is corrupt, restore it from a backup"
+    )]
+    Database {
+        /// The database file.
+        path: PathBuf,
+        /// redb's error.
+        source: redb::DatabaseError,
+    },
+    /// The file was written by an incompatible version of idemstore.
+    #[error(
+        "the store was written in format version {found}, this build reads version {supported}; open it with a matching idemstore"
+    )]
+    UnsupportedFormat {
+        /// The version found in the file.
+        found: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
+    /// A table name is reserved or registered twice with different types.
+    #[error("table {name:?} cannot be registered: {reason}")]
+    BadTable {
+        /// The table's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Setting up the store's tables failed.
+    #[error(
+        "cannot set up the store's tables: {0}; if a business table changed its key or value types, migrate it or register it under a new name"
+    )]
+    Setup(#[source] redb::Error),
+    /// The writer thread could not be started.
+    #[error("cannot start the writer thread: {0}")]
+    Thread(#[source] std::io::Error),
+}

@@ -1,0 +1,254 @@
+//! The identity of one logical mutation: `(tenant, operation, key)`.
+//!
+//! This module owns validation and the byte encoding used as the records table's key. It must
+//! never accept a part that could make two different scopes encode to the same bytes.
+
+use std::fmt;
+
+use crate::error::ScopeError;
+
+/// Longest accepted idempotency key, in bytes (Stripe's and the IETF draft's ceiling).
+pub const MAX_KEY_LEN: usize = 255;
+/// Longest accepted tenant, in bytes.
+pub const MAX_TENANT_LEN: usize = 128;
+/// Longest accepted operation name, in bytes.
+pub const MAX_OPERATION_LEN: usize = 128;
+
+/// Which part of a [`Scope`] an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ScopePart {
+    /// The authenticated caller the key belongs to.
+    Tenant,
+    /// The kind of mutation (`create_charge`, `POST /orders`, ...).
+    Operation,
+    /// The client's idempotency key.
+    Key,
+}
+
+impl fmt::Display for ScopePart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ScopePart::Tenant => "tenant",
+            ScopePart::Operation => "operation",
+            ScopePart::Key => "idempotency key",
+        })
+    }
+}
+
+/// A validated `(tenant, operation, key)` triple.
+///
+/// The tenant must come from the caller's authentication, never from the request body: two
+/// tenants using the same key never see or collide with each other's records.
+///
+/// Rules:
+/// - tenant: 1..=128 bytes of UTF-8 without control characters;
+/// - operation: 1..=128 bytes of UTF-8 without control characters;
+/// - key: 1..=255 bytes of printable ASCII (`0x20..=0x7E`), the character set of an
+///   RFC 8941 string, so that a key read from an `Idempotency-Key` header round-trips.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Scope {
+    /// The encoded form, kept so that lookups do not re-encode (see [`Scope::encode`]).
+    encoded: Box<[u8]>,
+    tenant_len: u8,
+    operation_len: u8,
+}
+
+impl Scope {
+    /// Validates the three parts and builds a scope.
+    ///
+    /// # Errors
+    /// [`ScopeError`] naming the part that is empty, too long or holds a forbidden character.
+    pub fn new(
+        tenant: impl AsRef<str>,
+        operation: impl AsRef<str>,
+        key: impl AsRef<str>,
+    ) -> Result<Self, ScopeError> {
+        let (tenant, operation, key) = (tenant.as_ref(), operation.as_ref(), key.as_ref());
+        check_text(ScopePart::Tenant, tenant, MAX_TENANT_LEN)?;
+        check_text(ScopePart::Operation, operation, MAX_OPERATION_LEN)?;
+        check_key(key)?;
+        let mut encoded = Vec::with_capacity(2 + tenant.len() + operation.len() + key.len());
+        // Lengths fit in a byte: checked above against limits below 256.
+        encoded.push(tenant.len() as u8);
+        encoded.extend_from_slice(tenant.as_bytes());
+        encoded.push(operation.len() as u8);
+        encoded.extend_from_slice(operation.as_bytes());
+        encoded.extend_from_slice(key.as_bytes());
+        Ok(Scope {
+            encoded: encoded.into_boxed_slice(),
+            tenant_len: tenant.len() as u8,
+            operation_len: operation.len() as u8,
+        })
+    }
+
+    /// The tenant this scope belongs to.
+    pub fn tenant(&self) -> &str {
+        self.text(1, self.tenant_len)
+    }
+
+    /// The operation name.
+    pub fn operation(&self) -> &str {
+        self.text(2 + usize::from(self.tenant_len), self.operation_len)
+    }
+
+    /// The client's idempotency key.
+    pub fn key(&self) -> &str {
+        let start = 2 + usize::from(self.tenant_len) + usize::from(self.operation_len);
+        std::str::from_utf8(&self.encoded[start..]).unwrap_or_default()
+    }
+
+    /// The byte encoding used as the records table key:
+    /// `tenant_len: u8 ‖ tenant ‖ operation_len: u8 ‖ operation ‖ key`.
+    ///
+    /// The length prefixes make the encoding injective: no two scopes share bytes, whatever
+    /// characters their parts hold. See `docs/design.md`.
+    pub fn encode(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    /// Rebuilds a scope from [`Scope::encode`]'s output, validating it again.
+    ///
+    /// # Errors
+    /// [`ScopeError::Malformed`] if the bytes are not an encoded scope.
+    pub fn decode(bytes: &[u8]) -> Result<Self, ScopeError> {
+        let malformed = || ScopeError::Malformed { len: bytes.len() };
+        let (&tenant_len, rest) = bytes.split_first().ok_or_else(malformed)?;
+        let tenant = rest.get(..usize::from(tenant_len)).ok_or_else(malformed)?;
+        let rest = &rest[usize::from(tenant_len)..];
+        let (&operation_len, rest) = rest.split_first().ok_or_else(malformed)?;
+        let operation = rest
+            .get(..usize::from(operation_len))
+            .ok_or_else(malformed)?;
+        let key = &rest[usize::from(operation_len)..];
+        let text = |b| std::str::from_utf8(b).map_err(|_| malformed());
+        Scope::new(text(tenant)?, text(operation)?, text(key)?)
+    }
+
+    fn text(&self, start: usize, len: u8) -> &str {
+        // Built from `&str` parts in `new`, so always valid UTF-8.
+        std::str::from_utf8(&self.encoded[start..start + usize::from(len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scope")
+            .field("tenant", &self.tenant())
+            .field("operation", &self.operation())
+            .field("key", &self.key())
+            .finish()
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{:?}", self.tenant(), self.operation(), self.key())
+    }
+}
+
+fn check_text(part: ScopePart, text: &str, max: usize) -> Result<(), ScopeError> {
+    if text.is_empty() {
+        return Err(ScopeError::Empty { part });
+    }
+    if text.len() > max {
+        return Err(ScopeError::TooLong {
+            part,
+            len: text.len(),
+            max,
+        });
+    }
+    if let Some((index, c)) = text.char_indices().find(|(_, c)| c.is_control()) {
+        return Err(ScopeError::ForbiddenCharacter {
+            part,
+            index,
+            character: c,
+        });
+    }
+    Ok(())
+}
+
+fn check_key(key: &str) -> Result<(), ScopeError> {
+    let part = ScopePart::Key;
+    if key.is_empty() {
+        return Err(ScopeError::Empty { part });
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(ScopeError::TooLong {
+            part,
+            len: key.len(),
+            max: MAX_KEY_LEN,
+        });
+    }
+    if let Some((index, c)) = key.char_indices().find(|(_, c)| !matches!(c, ' '..='~')) {
+        return Err(ScopeError::ForbiddenCharacter {
+            part,
+            index,
+            character: c,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding_is_injective_across_part_boundaries() -> Result<(), ScopeError> {
+        let a = Scope::new("ab", "c", "d")?;
+        let b = Scope::new("a", "bc", "d")?;
+        let c = Scope::new("a", "b", "cd")?;
+        assert_ne!(a.encode(), b.encode());
+        assert_ne!(b.encode(), c.encode());
+        assert_ne!(a.encode(), c.encode());
+        Ok(())
+    }
+
+    #[test]
+    fn decode_round_trips() -> Result<(), ScopeError> {
+        let s = Scope::new("acct_1", "create_charge", "6d4c bddc-9f7c")?;
+        let back = Scope::decode(s.encode())?;
+        assert_eq!(back, s);
+        assert_eq!(back.tenant(), "acct_1");
+        assert_eq!(back.operation(), "create_charge");
+        assert_eq!(back.key(), "6d4c bddc-9f7c");
+        Ok(())
+    }
+
+    #[test]
+    fn decode_rejects_truncated_bytes() {
+        assert!(matches!(
+            Scope::decode(&[5, b'a']),
+            Err(ScopeError::Malformed { .. })
+        ));
+        assert!(matches!(
+            Scope::decode(&[]),
+            Err(ScopeError::Malformed { .. })
+        ));
+    }
+
+    #[test]
+    fn key_limits() {
+        assert!(Scope::new("t", "o", "k".repeat(255)).is_ok());
+        assert!(matches!(
+            Scope::new("t", "o", "k".repeat(256)),
+            Err(ScopeError::TooLong { len: 256, .. })
+        ));
+        assert!(matches!(
+            Scope::new("t", "o", "a\u{7f}"),
+            Err(ScopeError::ForbiddenCharacter { index: 1, .. })
+        ));
+        assert!(matches!(
+            Scope::new("t", "o", "é"),
+            Err(ScopeError::ForbiddenCharacter { .. })
+        ));
+        assert!(matches!(
+            Scope::new("t\n", "o", "k"),
+            Err(ScopeError::ForbiddenCharacter {
+                part: ScopePart::Tenant,
+                ..
+            })
+        ));
+    }
+}
