@@ -1,0 +1,150 @@
+//! Opening a store: settings and the business tables it may write.
+
+use std::path::Path;
+use std::time::Duration;
+
+use redb::{Key, TableDefinition, TableHandle, Value};
+
+use crate::clock::Clock;
+use crate::config::{Config, Durability};
+use crate::engine::registry::{Internal, RegisterError, Registry};
+use crate::engine::tables::InternalTables;
+use crate::error::OpenError;
+use crate::store::Store;
+
+/// Settings for [`Store::open`](crate::Store::open). Every setting is checked at `open`; an
+/// invalid one is an [`OpenError::InvalidConfig`], never a panic later.
+#[derive(Debug)]
+pub struct Builder {
+    config: Config,
+    registry: Registry,
+    tables: InternalTables,
+    bad_table: Option<OpenError>,
+}
+
+impl Default for Builder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Builder {
+    /// A builder with every setting at its default.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let tables = InternalTables::register(&mut registry);
+        Builder {
+            config: Config::default(),
+            registry,
+            tables,
+            bad_table: None,
+        }
+    }
+
+    /// How long a completed record answers retries after it completed. Choose it longer than
+    /// the longest retry source (SDK retries, offline mobile clients, queue redelivery).
+    ///
+    /// Default = 24 hours. Valid: 1 ms ..= 3650 days.
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = ttl;
+        self
+    }
+
+    /// How long a claim holds its key before another attempt may take it over. Choose it longer
+    /// than the work normally takes; long work should [`extend`](crate::Claim::extend) it.
+    ///
+    /// Default = 30 seconds. Valid: 1 ms ..= 7 days.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// Registers a business table that commit and write closures may write. Tables are created
+    /// at open if absent; opening fails if a table exists with other key or value types.
+    ///
+    /// Names starting with `idemstore.` are reserved.
+    #[must_use]
+    pub fn table<K: Key + 'static, V: Value + 'static>(
+        mut self,
+        table: TableDefinition<'_, K, V>,
+    ) -> Self {
+        let name = table.name();
+        if let Err(e) = self.registry.register::<K, V>(name, Internal::No) {
+            let reason = match e {
+                RegisterError::Reserved => {
+                    "names starting with \"idemstore.\" are reserved; rename it".to_owned()
+                }
+                RegisterError::Duplicate { registered } => format!(
+                    "it is already registered as <{registered}>; register each name with one key and value type"
+                ),
+                RegisterError::TooMany => "too many tables (65,536 at most)".to_owned(),
+            };
+            self.bad_table.get_or_insert(OpenError::BadTable {
+                name: name.to_owned(),
+                reason,
+            });
+        }
+        self
+    }
+
+    /// The clock that leases and TTLs are measured by.
+    ///
+    /// Default = [`SystemClock`](crate::SystemClock). Tests pass a
+    /// [`ManualClock`](crate::ManualClock).
+    #[must_use]
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.config.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// How groups are made durable.
+    ///
+    /// Default = [`Durability::Redb`].
+    #[must_use]
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.config.durability = durability;
+        self
+    }
+
+    /// The largest encoded response (body, headers and their framing) a commit may store.
+    ///
+    /// Default = 1 MiB. Valid: 1 KiB ..= 64 MiB.
+    #[must_use]
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_response_bytes = bytes;
+        self
+    }
+
+    /// The largest checkpoint a claim may store.
+    ///
+    /// Default = 64 KiB. Valid: 0 ..= 16 MiB.
+    #[must_use]
+    pub fn max_checkpoint_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_checkpoint_bytes = bytes;
+        self
+    }
+
+    /// The most requests the writer takes into one group (one transaction, one sync).
+    ///
+    /// Default = 1024. Valid: 1 ..= 65536. `1` turns group commit off.
+    #[must_use]
+    pub fn max_batch(mut self, requests: usize) -> Self {
+        self.config.max_batch = requests;
+        self
+    }
+
+    /// Opens (or creates) the store in directory `dir`, creating the directory if absent.
+    ///
+    /// # Errors
+    /// [`OpenError`] for an invalid setting, a path that cannot be used, a store already open
+    /// elsewhere, a file of another format, or a table that cannot be registered.
+    pub fn open(self, dir: impl AsRef<Path>) -> Result<Store, OpenError> {
+        if let Some(e) = self.bad_table {
+            return Err(e);
+        }
+        self.config.validate()?;
+        Store::open_with(dir.as_ref(), self.config, self.registry, self.tables)
+    }
+}

@@ -1,0 +1,258 @@
+//! What `begin` answers, and the claim a winner holds while it works.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::config::MAX_LEASE;
+use crate::engine::lifecycle::{self, CommitRefusal, Held, Refusal, UserFailure};
+use crate::error::{BoxError, ClaimError, CommitError, StaleClaim};
+use crate::fingerprint::Fingerprint;
+use crate::response::Response;
+use crate::scope::Scope;
+use crate::store::Store;
+use crate::tx::Tx;
+
+const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
+
+/// The outcome of [`Store::begin`]: one atomic decision per call.
+///
+/// Deliberately not `#[non_exhaustive]`: a new outcome must fail to compile in every `match`
+/// rather than fall into a wildcard arm that might run the operation twice.
+#[derive(Debug)]
+#[must_use = "a Begin says whether to do the work; ignoring it loses a claim or a replay"]
+pub enum Begin {
+    /// No live record existed: the caller owns the scope and must do the work, then
+    /// [`commit`](Claim::commit) or [`release`](Claim::release).
+    Claimed(Claim),
+    /// A previous attempt's lease expired: the caller owns the scope now, as attempt
+    /// [`Claim::attempt`]. The previous attempt may have had side effects; its last checkpoint
+    /// is [`Claim::last_checkpoint`]. Reconcile with [`Claim::downstream_key`] before acting.
+    Recovered(Claim),
+    /// The request already completed: this is its stored response, byte for byte.
+    Replay(Response),
+    /// A live claim for the same request holds the scope; nothing was written. Retry after
+    /// `retry_after` (the rest of its lease).
+    InProgress {
+        /// How long until the holder's lease ends.
+        retry_after: Duration,
+    },
+    /// The scope is held or completed for a different request (another fingerprint): the key
+    /// was reused for a different operation. Nothing was written.
+    Mismatch,
+}
+
+/// Ownership of a scope while the work runs.
+///
+/// Every operation is checked against the claim's **fence**: if the lease expired and another
+/// attempt took over, this claim can no longer commit, release, extend or checkpoint, and gets
+/// [`StaleClaim`]. Dropping a claim without finishing it leaves the scope in progress until its
+/// lease expires (the work's outcome is unknown, so nothing is released silently).
+#[must_use = "an unfinished claim holds its key until the lease expires"]
+pub struct Claim {
+    store: Store,
+    scope: Scope,
+    fingerprint: Fingerprint,
+    held: Held,
+}
+
+impl fmt::Debug for Claim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Claim")
+            .field("scope", &self.scope)
+            .field("fence", &self.held.fence)
+            .field("attempt", &self.held.attempt)
+            .field("lease_until", &self.held.lease_until)
+            .finish()
+    }
+}
+
+impl Claim {
+    pub(crate) fn new(store: Store, scope: Scope, fingerprint: Fingerprint, held: Held) -> Self {
+        Claim {
+            store,
+            scope,
+            fingerprint,
+            held,
+        }
+    }
+
+    /// The scope this claim holds.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The fingerprint of the request that made the claim.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The fence: new on every claim and take-over, never repeated in this store.
+    pub fn fence(&self) -> u64 {
+        self.held.fence
+    }
+
+    /// 1 for a fresh claim; n + 1 when taking over from attempt n.
+    pub fn attempt(&self) -> u32 {
+        self.held.attempt
+    }
+
+    /// When this claim's lease ends (by the store's clock).
+    pub fn lease_until(&self) -> Timestamp {
+        self.held.lease_until
+    }
+
+    /// The latest checkpoint stored for this scope: the previous attempt's when recovered, then
+    /// this claim's own once it calls [`Claim::checkpoint`].
+    pub fn last_checkpoint(&self) -> Option<&[u8]> {
+        self.held.checkpoint.as_deref()
+    }
+
+    /// An idempotency key to pass to downstream APIs (a payment processor, a mail service).
+    ///
+    /// It is the same for every attempt of this operation, take-overs included, so a recovered
+    /// attempt that repeats a downstream call is deduplicated downstream. It changes after a
+    /// release or once the TTL passed, because those start a new operation. 32 lowercase hex
+    /// characters, derived from the scope and the first attempt's fence.
+    pub fn downstream_key(&self) -> String {
+        let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
+        hasher.update(self.scope.encode());
+        hasher.update(&self.held.origin_fence.to_le_bytes());
+        let hash = hasher.finalize();
+        hash.as_bytes()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
+    /// Runs `work` inside the store's writer transaction and stores its response as the
+    /// scope's completed record, atomically with every business write `work` makes.
+    ///
+    /// When this returns `Ok`, the business writes and the completed record are durable
+    /// together. On any error nothing of `work` was kept: [`CommitError::into_claim`] gives the
+    /// claim back when it is still held, to release it or to commit a failure response.
+    ///
+    /// `work` runs on the store's writer thread while other requests wait: keep it to reads and
+    /// writes through the [`Tx`]; do slow calls (network, downstream APIs) before `commit`.
+    ///
+    /// # Errors
+    /// See [`CommitError`].
+    pub fn commit<F>(self, work: F) -> Result<Response, CommitError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
+        let scope = self.scope.clone();
+        let fence = self.held.fence;
+        let answer = self
+            .store
+            .engine()
+            .call(move |tx, ctx| lifecycle::commit(tx, ctx, &scope, fence, Box::new(work)));
+        match answer {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(CommitRefusal::User(UserFailure::Aborted(source)))) => {
+                Err(CommitError::Aborted {
+                    source,
+                    claim: Box::new(self),
+                })
+            }
+            Ok(Err(CommitRefusal::User(UserFailure::Panicked(message)))) => {
+                Err(CommitError::Panicked {
+                    message,
+                    claim: Box::new(self),
+                })
+            }
+            Ok(Err(CommitRefusal::InvalidResponse(source))) => Err(CommitError::InvalidResponse {
+                source,
+                claim: Box::new(self),
+            }),
+            Ok(Err(CommitRefusal::Refused(Refusal::Stale(reason)))) => {
+                Err(self.stale(reason).into())
+            }
+            Ok(Err(CommitRefusal::Refused(Refusal::Store(e)))) | Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Gives the scope up: the work did not happen (no side effect), and the next `begin` of
+    /// the scope is `Claimed`. Durable when it returns.
+    ///
+    /// # Errors
+    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
+    pub fn release(self) -> Result<(), ClaimError> {
+        let scope = self.scope.clone();
+        let fence = self.held.fence;
+        let answer = self
+            .store
+            .engine()
+            .call(move |tx, ctx| lifecycle::release(tx, ctx, &scope, fence));
+        self.refused(answer)
+    }
+
+    /// Moves the end of the lease to `lease` from now, for work that runs long.
+    ///
+    /// # Errors
+    /// [`ClaimError::InvalidLease`] for zero or more than 7 days; [`ClaimError::Stale`] if
+    /// another attempt holds the scope; storage errors.
+    pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
+        if lease.is_zero() || lease > MAX_LEASE {
+            return Err(ClaimError::InvalidLease {
+                requested_ms: lease.as_millis(),
+                max_ms: MAX_LEASE.as_millis(),
+            });
+        }
+        let scope = self.scope.clone();
+        let fence = self.held.fence;
+        let answer = self
+            .store
+            .engine()
+            .call(move |tx, ctx| lifecycle::extend(tx, ctx, &scope, fence, lease));
+        self.held.lease_until = self.refused(answer)?;
+        Ok(())
+    }
+
+    /// Stores progress (a step reached, a downstream id obtained) for a later attempt to read
+    /// if this one dies: it arrives as [`Claim::last_checkpoint`] on the `Recovered` claim.
+    /// Durable when it returns. Does not extend the lease.
+    ///
+    /// # Errors
+    /// [`ClaimError::CheckpointTooLarge`] over `Builder::max_checkpoint_bytes`;
+    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
+    pub fn checkpoint(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
+        let bytes = bytes.into();
+        let max = self.store.engine().config().max_checkpoint_bytes;
+        if bytes.len() > max {
+            return Err(ClaimError::CheckpointTooLarge {
+                len: bytes.len(),
+                max,
+            });
+        }
+        let scope = self.scope.clone();
+        let fence = self.held.fence;
+        let stored = bytes.clone();
+        let answer = self
+            .store
+            .engine()
+            .call(move |tx, ctx| lifecycle::checkpoint(tx, ctx, &scope, fence, stored));
+        self.refused(answer)?;
+        self.held.checkpoint = Some(bytes);
+        Ok(())
+    }
+
+    fn stale(&self, reason: crate::error::StaleReason) -> StaleClaim {
+        StaleClaim {
+            scope: self.scope.clone(),
+            fence: self.held.fence,
+            reason,
+        }
+    }
+
+    fn refused<T>(
+        &self,
+        answer: Result<Result<T, Refusal>, crate::error::StoreError>,
+    ) -> Result<T, ClaimError> {
+        match answer {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(Refusal::Stale(reason))) => Err(self.stale(reason).into()),
+            Ok(Err(Refusal::Store(e))) | Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The store's settings, validated once at open.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::OpenError;
+
+/// How a group of requests is made durable before anyone hears of it.
+///
+/// Every mode acknowledges a write only once it will survive a crash of the process or the
+/// machine; the modes differ in what they sync and how often.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Each group of requests is one durable redb commit: redb writes the group's pages and
+    /// syncs the file before any request of the group is answered. No log.
+    #[default]
+    Redb,
+}
+
+/// Longest lease a claim may hold or be extended to.
+pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest TTL a completed record may be kept for (ten years).
+pub const MAX_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// Largest accepted `max_response_bytes`.
+pub const MAX_RESPONSE_LIMIT: usize = 64 * 1024 * 1024;
+/// Largest accepted `max_checkpoint_bytes`.
+pub const MAX_CHECKPOINT_LIMIT: usize = 16 * 1024 * 1024;
+/// Largest accepted `max_batch`.
+pub const MAX_BATCH_LIMIT: usize = 65_536;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) max_checkpoint_bytes: usize,
+    pub(crate) max_batch: usize,
+    pub(crate) durability: Durability,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            ttl: Duration::from_secs(24 * 3600),
+            lease: Duration::from_secs(30),
+            max_response_bytes: 1024 * 1024,
+            max_checkpoint_bytes: 64 * 1024,
+            max_batch: 1024,
+            durability: Durability::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl Config {
+    pub(crate) fn validate(&self) -> Result<(), OpenError> {
+        let invalid = |setting, reason: String| Err(OpenError::InvalidConfig { setting, reason });
+        if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
+            return invalid(
+                "ttl",
+                format!("{:?} is outside 1 ms ..= 3650 days", self.ttl),
+            );
+        }
+        if self.lease < Duration::from_millis(1) || self.lease > MAX_LEASE {
+            return invalid(
+                "lease",
+                format!("{:?} is outside 1 ms ..= 7 days", self.lease),
+            );
+        }
+        if !(1024..=MAX_RESPONSE_LIMIT).contains(&self.max_response_bytes) {
+            return invalid(
+                "max_response_bytes",
+                format!("{} is outside 1 KiB ..= 64 MiB", self.max_response_bytes),
+            );
+        }
+        if self.max_checkpoint_bytes > MAX_CHECKPOINT_LIMIT {
+            return invalid(
+                "max_checkpoint_bytes",
+                format!("{} is over 16 MiB", self.max_checkpoint_bytes),
+            );
+        }
+        if !(1..=MAX_BATCH_LIMIT).contains(&self.max_batch) {
+            return invalid(
+                "max_batch",
+                format!("{} is outside 1 ..= 65536", self.max_batch),
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,48 @@
+//! What a request sees of the writer besides the transaction: the time, the settings, and the
+//! fence counter.
+
+use crate::clock::Timestamp;
+use crate::config::Config;
+use crate::tx::Tx;
+
+use super::tables::{InternalTables, META_NEXT_FENCE};
+
+/// Per-request view of the writer's state.
+#[derive(Debug)]
+pub(crate) struct Context<'a> {
+    /// The time this request is decided at (read once per request).
+    pub(crate) now: Timestamp,
+    pub(crate) config: &'a Config,
+    pub(crate) tables: InternalTables,
+    /// The writer's fence counter: the next fence to hand out.
+    next_fence: &'a mut u64,
+}
+
+impl<'a> Context<'a> {
+    pub(crate) fn new(
+        now: Timestamp,
+        config: &'a Config,
+        tables: InternalTables,
+        next_fence: &'a mut u64,
+    ) -> Self {
+        Context {
+            now,
+            config,
+            tables,
+            next_fence,
+        }
+    }
+
+    /// Hands out a fence that was never handed out before, and records the counter in the
+    /// request's writes so that it survives with the claim that uses it.
+    pub(crate) fn allocate_fence(&mut self, tx: &mut Tx<'_>) -> u64 {
+        let fence = *self.next_fence;
+        *self.next_fence += 1;
+        tx.put_raw(
+            self.tables.meta,
+            META_NEXT_FENCE,
+            self.next_fence.to_le_bytes().to_vec(),
+        );
+        fence
+    }
+}

@@ -1,0 +1,106 @@
+//! A request to the writer: work to run inside the group's transaction, and a way to answer the
+//! caller once the group's fate is known.
+//!
+//! The work runs first; its answer waits until the whole group is durable (or has failed), so a
+//! caller never hears of a write that could still be lost.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::error::StoreError;
+use crate::tx::Tx;
+
+use super::context::Context;
+
+/// Whether the writer applies a request's buffered writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Keep {
+    /// The request succeeded: apply its write set to the group's transaction.
+    Writes,
+    /// The request failed or wrote nothing worth keeping: drop its write set.
+    Nothing,
+}
+
+/// One request, type-erased so the writer's queue holds any kind.
+pub(crate) trait Job: Send {
+    /// Runs the request against the group's transaction.
+    fn run(&mut self, tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> Keep;
+    /// Answers the caller: `Ok` once the group is durable, or the group's error.
+    fn finish(self: Box<Self>, group: Result<(), StoreError>);
+}
+
+/// A job built from two closures: `work` computes the answer, `reply` delivers it.
+pub(crate) struct Task<W, R, S> {
+    work: Option<W>,
+    /// The work's answer, or the message of a panic inside it.
+    answer: Option<Result<R, String>>,
+    reply: S,
+}
+
+impl<W, R, S> Task<W, R, S>
+where
+    W: FnOnce(&mut Tx<'_>, &mut Context<'_>) -> (Keep, R) + Send,
+    R: Send,
+    S: FnOnce(Result<R, StoreError>) + Send,
+{
+    pub(crate) fn boxed(work: W, reply: S) -> Box<dyn Job>
+    where
+        W: 'static,
+        R: 'static,
+        S: 'static,
+    {
+        Box::new(Task {
+            work: Some(work),
+            answer: None,
+            reply,
+        })
+    }
+}
+
+impl<W, R, S> Job for Task<W, R, S>
+where
+    W: FnOnce(&mut Tx<'_>, &mut Context<'_>) -> (Keep, R) + Send,
+    R: Send,
+    S: FnOnce(Result<R, StoreError>) + Send,
+{
+    fn run(&mut self, tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> Keep {
+        let Some(work) = self.work.take() else {
+            return Keep::Nothing;
+        };
+        // User closures catch their own panics (to hand the claim back); this catches bugs in
+        // the store's own work so one request cannot take the writer down.
+        match catch_unwind(AssertUnwindSafe(|| work(tx, ctx))) {
+            Ok((keep, answer)) => {
+                self.answer = Some(Ok(answer));
+                keep
+            }
+            Err(panic) => {
+                self.answer = Some(Err(panic_message(panic.as_ref())));
+                Keep::Nothing
+            }
+        }
+    }
+
+    fn finish(self: Box<Self>, group: Result<(), StoreError>) {
+        let Task { answer, reply, .. } = *self;
+        let result = match (group, answer) {
+            (Err(e), _) => Err(e),
+            (Ok(()), Some(Ok(answer))) => Ok(answer),
+            (Ok(()), Some(Err(message))) => Err(StoreError::Internal { message }),
+            (Ok(()), None) => Err(StoreError::Internal {
+                message: "a request was answered without being run".into(),
+            }),
+        };
+        reply(result);
+    }
+}
+
+/// The text of a panic payload, for error messages.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-text payload".to_owned()
+    }
+}

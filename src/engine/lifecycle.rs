@@ -1,0 +1,363 @@
+//! The claim lifecycle as the writer carries it out: read the record, decide, write the new
+//! record and its index entries into the request's write set.
+//!
+//! Every function here runs on the writer thread inside a group's transaction and returns
+//! whether its writes are kept. None of them may write when it refuses a request.
+
+use std::ops::Bound;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::decision::{self, Decision};
+use crate::error::{BoxError, ResponseError, StaleReason, StoreError};
+use crate::fingerprint::Fingerprint;
+use crate::record::{Record, RecordState};
+use crate::response::Response;
+use crate::scope::Scope;
+use crate::tx::Tx;
+
+use super::context::Context;
+use super::job::{Keep, panic_message};
+use super::tables::{index_bound_after, index_key, split_index_key};
+
+/// What the writer holds for a claim it granted.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub(crate) fence: u64,
+    pub(crate) origin_fence: u64,
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: Timestamp,
+    pub(crate) checkpoint: Option<Vec<u8>>,
+}
+
+impl Held {
+    fn of(record: &Record) -> Self {
+        let (lease_until, checkpoint) = match &record.state {
+            RecordState::InProgress {
+                lease_until,
+                checkpoint,
+            } => (*lease_until, checkpoint.clone()),
+            RecordState::Completed { .. } => (Timestamp::default(), None),
+        };
+        Held {
+            fence: record.fence,
+            origin_fence: record.origin_fence,
+            attempt: record.attempt,
+            lease_until,
+            checkpoint,
+        }
+    }
+}
+
+/// The writer's answer to `begin`.
+#[derive(Debug)]
+pub(crate) enum BeginAnswer {
+    Claimed(Held),
+    Recovered(Held),
+    Replay(Response),
+    InProgress { retry_after: Duration },
+    Mismatch,
+}
+
+/// Why a fence-checked operation was refused.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    Stale(StaleReason),
+    Store(StoreError),
+}
+
+impl From<StoreError> for Refusal {
+    fn from(e: StoreError) -> Self {
+        Refusal::Store(e)
+    }
+}
+
+/// How a user closure failed. Either way none of its writes are kept.
+#[derive(Debug)]
+pub(crate) enum UserFailure {
+    Aborted(BoxError),
+    Panicked(String),
+}
+
+/// Why a commit stored nothing.
+#[derive(Debug)]
+pub(crate) enum CommitRefusal {
+    User(UserFailure),
+    InvalidResponse(ResponseError),
+    Refused(Refusal),
+}
+
+/// How many expired records one eviction pass removed, and whether more are waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Evicted {
+    /// Records removed by this pass.
+    pub removed: usize,
+    /// Whether expired records remain past this pass's limit.
+    pub backlog: Backlog,
+}
+
+/// Whether work remains after a bounded pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backlog {
+    /// Nothing more is due now.
+    Empty,
+    /// More is due: call again.
+    More,
+}
+
+/// A user closure run inside a commit or write.
+pub(crate) type UserWork<T> = Box<dyn FnOnce(&mut Tx<'_>) -> Result<T, BoxError> + Send>;
+
+pub(crate) fn read_record(
+    tx: &Tx<'_>,
+    ctx: &Context<'_>,
+    scope: &Scope,
+) -> Result<Option<Record>, StoreError> {
+    let Some(bytes) = tx.get_raw(ctx.tables.records, scope.encode())? else {
+        return Ok(None);
+    };
+    Record::decode(&bytes)
+        .map(Some)
+        .map_err(|source| StoreError::CorruptRecord {
+            scope: scope.to_string(),
+            source,
+        })
+}
+
+/// Writes (or deletes) a scope's record and moves its index entry to match.
+fn write_record(
+    tx: &mut Tx<'_>,
+    ctx: &Context<'_>,
+    scope: &Scope,
+    old: Option<&Record>,
+    new: Option<&Record>,
+) {
+    let entry = |record: &Record| match &record.state {
+        RecordState::InProgress { lease_until, .. } => {
+            (ctx.tables.leases, index_key(*lease_until, scope.encode()))
+        }
+        RecordState::Completed { expires_at, .. } => {
+            (ctx.tables.expiry, index_key(*expires_at, scope.encode()))
+        }
+    };
+    let old_entry = old.map(entry);
+    let new_entry = new.map(entry);
+    if old_entry != new_entry {
+        if let Some((table, key)) = &old_entry {
+            tx.delete_raw(*table, key);
+        }
+        if let Some((table, key)) = &new_entry {
+            tx.put_raw(*table, key, Vec::new());
+        }
+    }
+    match new {
+        Some(record) => tx.put_raw(ctx.tables.records, scope.encode(), record.encode()),
+        None => tx.delete_raw(ctx.tables.records, scope.encode()),
+    }
+}
+
+/// `begin`, decided against the group's transaction.
+pub(crate) fn begin(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fingerprint: Fingerprint,
+) -> (Keep, Result<BeginAnswer, StoreError>) {
+    let existing = match read_record(tx, ctx, scope) {
+        Ok(existing) => existing,
+        Err(e) => return (Keep::Nothing, Err(e)),
+    };
+    let answer = match decision::decide(existing.as_ref(), &fingerprint, ctx.now) {
+        Decision::Claim => {
+            let fence = ctx.allocate_fence(tx);
+            let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
+            write_record(tx, ctx, scope, existing.as_ref(), Some(&record));
+            return (Keep::Writes, Ok(BeginAnswer::Claimed(Held::of(&record))));
+        }
+        Decision::TakeOver => {
+            let Some(previous) = existing.as_ref() else {
+                unreachable!("decide() takes over only an existing record")
+            };
+            let fence = ctx.allocate_fence(tx);
+            let record = decision::taken_over(previous, fence, ctx.now, ctx.config.lease);
+            write_record(tx, ctx, scope, Some(previous), Some(&record));
+            return (Keep::Writes, Ok(BeginAnswer::Recovered(Held::of(&record))));
+        }
+        Decision::Replay => match existing.and_then(|r| match r.state {
+            RecordState::Completed { response, .. } => Some(response),
+            RecordState::InProgress { .. } => None,
+        }) {
+            Some(response) => BeginAnswer::Replay(response),
+            None => unreachable!("decide() replays only a completed record"),
+        },
+        Decision::InProgress { retry_after } => BeginAnswer::InProgress { retry_after },
+        Decision::Mismatch => BeginAnswer::Mismatch,
+    };
+    (Keep::Nothing, Ok(answer))
+}
+
+/// Reads the record and checks the fence, for every operation on a held claim.
+fn held_record(
+    tx: &Tx<'_>,
+    ctx: &Context<'_>,
+    scope: &Scope,
+    fence: u64,
+) -> Result<Record, Refusal> {
+    let existing = read_record(tx, ctx, scope)?;
+    decision::check_fence(existing.as_ref(), fence)
+        .cloned()
+        .map_err(Refusal::Stale)
+}
+
+/// `commit`: fence check, the user's closure, the response check, the completed record.
+pub(crate) fn commit(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fence: u64,
+    work: UserWork<Response>,
+) -> (Keep, Result<Response, CommitRefusal>) {
+    let held = match held_record(tx, ctx, scope, fence) {
+        Ok(held) => held,
+        Err(refusal) => return (Keep::Nothing, Err(CommitRefusal::Refused(refusal))),
+    };
+    let response = match run_user(tx, work) {
+        Ok(response) => response,
+        Err(failure) => return (Keep::Nothing, Err(CommitRefusal::User(failure))),
+    };
+    if let Err(e) = response.validate(ctx.config.max_response_bytes) {
+        return (Keep::Nothing, Err(CommitRefusal::InvalidResponse(e)));
+    }
+    let done = decision::completed(&held, response.clone(), ctx.now, ctx.config.ttl);
+    write_record(tx, ctx, scope, Some(&held), Some(&done));
+    (Keep::Writes, Ok(response))
+}
+
+/// A keyless business transaction.
+pub(crate) fn write<T>(tx: &mut Tx<'_>, work: UserWork<T>) -> (Keep, Result<T, UserFailure>) {
+    match run_user(tx, work) {
+        Ok(value) => (Keep::Writes, Ok(value)),
+        Err(failure) => (Keep::Nothing, Err(failure)),
+    }
+}
+
+/// Runs a user closure, turning its error or panic into a [`UserFailure`]. The closure only
+/// buffers writes and opens no redb table across user code, so a panic leaves the group's
+/// transaction untouched.
+fn run_user<T>(tx: &mut Tx<'_>, work: UserWork<T>) -> Result<T, UserFailure> {
+    match catch_unwind(AssertUnwindSafe(|| work(tx))) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(UserFailure::Aborted(e)),
+        Err(panic) => Err(UserFailure::Panicked(panic_message(panic.as_ref()))),
+    }
+}
+
+/// `release`: the work did not happen; the scope becomes absent.
+pub(crate) fn release(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fence: u64,
+) -> (Keep, Result<(), Refusal>) {
+    match held_record(tx, ctx, scope, fence) {
+        Ok(held) => {
+            write_record(tx, ctx, scope, Some(&held), None);
+            (Keep::Writes, Ok(()))
+        }
+        Err(refusal) => (Keep::Nothing, Err(refusal)),
+    }
+}
+
+/// `extend`: the lease now ends `lease` after now.
+pub(crate) fn extend(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fence: u64,
+    lease: Duration,
+) -> (Keep, Result<Timestamp, Refusal>) {
+    let until = ctx.now.saturating_add(lease);
+    update_in_progress(tx, ctx, scope, fence, |lease_until, _| *lease_until = until)
+        .map_or_else(|r| (Keep::Nothing, Err(r)), |()| (Keep::Writes, Ok(until)))
+}
+
+/// `checkpoint`: store progress for a later attempt to read.
+pub(crate) fn checkpoint(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fence: u64,
+    bytes: Vec<u8>,
+) -> (Keep, Result<(), Refusal>) {
+    update_in_progress(tx, ctx, scope, fence, |_, checkpoint| {
+        *checkpoint = Some(bytes);
+    })
+    .map_or_else(|r| (Keep::Nothing, Err(r)), |()| (Keep::Writes, Ok(())))
+}
+
+fn update_in_progress(
+    tx: &mut Tx<'_>,
+    ctx: &Context<'_>,
+    scope: &Scope,
+    fence: u64,
+    change: impl FnOnce(&mut Timestamp, &mut Option<Vec<u8>>),
+) -> Result<(), Refusal> {
+    let held = held_record(tx, ctx, scope, fence)?;
+    let mut updated = held.clone();
+    if let RecordState::InProgress {
+        lease_until,
+        checkpoint,
+    } = &mut updated.state
+    {
+        change(lease_until, checkpoint);
+    }
+    write_record(tx, ctx, scope, Some(&held), Some(&updated));
+    Ok(())
+}
+
+/// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
+/// expiry index. In-progress records are never removed: their outcome is unknown.
+pub(crate) fn evict_expired(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    limit: usize,
+) -> (Keep, Result<Evicted, StoreError>) {
+    let end = index_bound_after(ctx.now);
+    let due = match tx.range_raw(
+        ctx.tables.expiry,
+        Bound::Unbounded,
+        Bound::Excluded(&end),
+        limit.saturating_add(1),
+    ) {
+        Ok(due) => due,
+        Err(e) => return (Keep::Nothing, Err(e.into())),
+    };
+    let backlog = if due.len() > limit {
+        Backlog::More
+    } else {
+        Backlog::Empty
+    };
+    let mut removed = 0;
+    for (index_entry, _) in due.into_iter().take(limit) {
+        tx.delete_raw(ctx.tables.expiry, &index_entry);
+        let Some((expires_at, scope_bytes)) = split_index_key(&index_entry) else {
+            continue;
+        };
+        let record = match tx.get_raw(ctx.tables.records, scope_bytes) {
+            Ok(record) => record.and_then(|bytes| Record::decode(&bytes).ok()),
+            Err(e) => return (Keep::Nothing, Err(e.into())),
+        };
+        // Only the record this entry indexes, and only if it is still completed and expired;
+        // anything else means the entry was stale and only the entry goes.
+        if let Some(record) = record {
+            let current = matches!(record.state,
+                RecordState::Completed { expires_at: at, .. } if at == expires_at);
+            if current && record.is_expired(ctx.now) {
+                tx.delete_raw(ctx.tables.records, scope_bytes);
+                removed += 1;
+            }
+        }
+    }
+    (Keep::Writes, Ok(Evicted { removed, backlog }))
+}

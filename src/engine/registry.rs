@@ -1,0 +1,203 @@
+//! The tables the store may write: its own and the business tables registered at open.
+//!
+//! Writes travel through the engine as bytes (table, key, value), so they can be buffered per
+//! request, logged and replayed without the code that made them. This module turns those bytes
+//! back into typed redb calls. It must never write a table that was not registered.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Bound;
+
+use redb::{Key, ReadableTable, ReadableTableMetadata, TableDefinition, Value, WriteTransaction};
+
+use super::write_set::WriteOp;
+
+/// Index of a table in the registry. Stable for one open store only; the log names tables.
+pub(crate) type TableId = u16;
+
+/// Names starting with this are the store's own tables.
+pub(crate) const RESERVED_PREFIX: &str = "idemstore.";
+
+/// Key/value pairs read from a table, as bytes.
+pub(crate) type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// What the engine can do with a table without knowing its types.
+pub(crate) trait TableOps: Send + Sync + fmt::Debug {
+    /// `"K, V"` as redb names the types, for error messages and type checks.
+    fn type_names(&self) -> String;
+    /// Creates the table if it does not exist (fails if it exists with other types).
+    fn create(&self, txn: &WriteTransaction) -> Result<(), redb::Error>;
+    fn get(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error>;
+    /// Entries with keys in `(start, end)`, in key order, at most `limit`.
+    fn range(
+        &self,
+        txn: &WriteTransaction,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<RawEntries, redb::Error>;
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
+    fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error>;
+    /// Applies puts and deletes, all for this table, in order.
+    fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error>;
+}
+
+/// A registered `TableDefinition<K, V>`, with its types kept in the type parameters.
+struct Typed<K, V> {
+    name: String,
+    _types: PhantomData<fn() -> (K, V)>,
+}
+
+impl<K, V> fmt::Debug for Typed<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table").field("name", &self.name).finish()
+    }
+}
+
+impl<K: Key + 'static, V: Value + 'static> Typed<K, V> {
+    fn definition(&self) -> TableDefinition<'_, K, V> {
+        TableDefinition::new(&self.name)
+    }
+}
+
+pub(crate) fn type_names<K: Key + 'static, V: Value + 'static>() -> String {
+    format!("{}, {}", K::type_name().name(), V::type_name().name())
+}
+
+impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
+    fn type_names(&self) -> String {
+        type_names::<K, V>()
+    }
+
+    fn create(&self, txn: &WriteTransaction) -> Result<(), redb::Error> {
+        txn.open_table(self.definition())?;
+        Ok(())
+    }
+
+    fn get(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error> {
+        let table = txn.open_table(self.definition())?;
+        let found = table.get(K::from_bytes(key))?;
+        Ok(found.map(|guard| V::as_bytes(&guard.value()).as_ref().to_vec()))
+    }
+
+    fn range(
+        &self,
+        txn: &WriteTransaction,
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<RawEntries, redb::Error> {
+        let table = txn.open_table(self.definition())?;
+        let bounds = (start.map(K::from_bytes), end.map(K::from_bytes));
+        let mut out = Vec::new();
+        for entry in table.range::<K::SelfType<'_>>(bounds)?.take(limit) {
+            let (k, v) = entry?;
+            out.push((
+                K::as_bytes(&k.value()).as_ref().to_vec(),
+                V::as_bytes(&v.value()).as_ref().to_vec(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering {
+        K::compare(a, b)
+    }
+
+    fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error> {
+        Ok(txn.open_table(self.definition())?.len()?)
+    }
+
+    fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error> {
+        let mut table = txn.open_table(self.definition())?;
+        for op in ops {
+            match &op.value {
+                Some(value) => {
+                    table.insert(K::from_bytes(&op.key), V::from_bytes(value))?;
+                }
+                None => {
+                    table.remove(K::from_bytes(&op.key))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every table the store may touch, by id and by name.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    tables: Vec<Box<dyn TableOps>>,
+    by_name: HashMap<String, TableId>,
+}
+
+/// Why a table could not be registered.
+#[derive(Debug)]
+pub(crate) enum RegisterError {
+    Reserved,
+    Duplicate { registered: String },
+    TooMany,
+}
+
+impl Registry {
+    /// Registers a table; registering the same definition twice is harmless.
+    pub(crate) fn register<K: Key + 'static, V: Value + 'static>(
+        &mut self,
+        name: &str,
+        internal: Internal,
+    ) -> Result<TableId, RegisterError> {
+        if matches!(internal, Internal::No) && name.starts_with(RESERVED_PREFIX) {
+            return Err(RegisterError::Reserved);
+        }
+        if let Some(&id) = self.by_name.get(name) {
+            let registered = self.tables[usize::from(id)].type_names();
+            return if registered == type_names::<K, V>() {
+                Ok(id)
+            } else {
+                Err(RegisterError::Duplicate { registered })
+            };
+        }
+        let id = TableId::try_from(self.tables.len()).map_err(|_| RegisterError::TooMany)?;
+        self.tables.push(Box::new(Typed::<K, V> {
+            name: name.to_owned(),
+            _types: PhantomData,
+        }));
+        self.by_name.insert(name.to_owned(), id);
+        Ok(id)
+    }
+
+    pub(crate) fn id(&self, name: &str) -> Option<TableId> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn table(&self, id: TableId) -> &dyn TableOps {
+        self.tables[usize::from(id)].as_ref()
+    }
+
+    pub(crate) fn tables(&self) -> impl Iterator<Item = &dyn TableOps> {
+        self.tables.iter().map(|t| t.as_ref())
+    }
+
+    /// Applies a request's writes, opening each table once per run of consecutive writes to it.
+    pub(crate) fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error> {
+        let mut rest = ops;
+        while let Some(first) = rest.first() {
+            let run = rest
+                .iter()
+                .position(|op| op.table != first.table)
+                .unwrap_or(rest.len());
+            self.table(first.table).apply(txn, &rest[..run])?;
+            rest = &rest[run..];
+        }
+        Ok(())
+    }
+}
+
+/// Whether a registration is for one of the store's own tables (which use the reserved prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Internal {
+    Yes,
+    No,
+}

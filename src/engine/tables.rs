@@ -1,0 +1,87 @@
+//! The store's own tables and the byte layout of their keys.
+//!
+//! Index keys start with a big-endian timestamp so that redb's byte order is time order: the
+//! oldest entries come first in a range scan. Layouts are in `docs/design.md`.
+
+use crate::clock::Timestamp;
+
+use super::registry::{Internal, Registry, TableId};
+
+/// scope (encoded) → record (see `record.rs`).
+pub(crate) const RECORDS: &str = "idemstore.records";
+/// expires_at (u64 BE) ‖ scope → (): completed records by expiry, for eviction.
+pub(crate) const EXPIRY: &str = "idemstore.expiry";
+/// lease_until (u64 BE) ‖ scope → (): in-progress records by lease end, for abandoned work.
+pub(crate) const LEASES: &str = "idemstore.leases";
+/// name → value: format version, fence counter.
+pub(crate) const META: &str = "idemstore.meta";
+
+/// Meta key: the store's format version (u32 LE).
+pub(crate) const META_FORMAT: &[u8] = b"format_version";
+/// Meta key: the next fence to hand out (u64 LE). Fences never repeat for the life of the file.
+pub(crate) const META_NEXT_FENCE: &[u8] = b"next_fence";
+
+/// The layout of records, indexes and meta this build writes.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+/// Ids of the store's own tables, fixed because they are registered first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InternalTables {
+    pub(crate) records: TableId,
+    pub(crate) expiry: TableId,
+    pub(crate) leases: TableId,
+    pub(crate) meta: TableId,
+}
+
+impl InternalTables {
+    /// Registers the store's tables; call before any business table.
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let mut reg = |name| {
+            registry
+                .register::<&[u8], &[u8]>(name, Internal::Yes)
+                .unwrap_or_else(|_| unreachable!("internal tables are registered first"))
+        };
+        InternalTables {
+            records: reg(RECORDS),
+            expiry: reg(EXPIRY),
+            leases: reg(LEASES),
+            meta: reg(META),
+        }
+    }
+}
+
+/// `at (u64 BE) ‖ scope`: the key of an expiry or lease index entry.
+pub(crate) fn index_key(at: Timestamp, scope: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + scope.len());
+    key.extend_from_slice(&at.as_millis().to_be_bytes());
+    key.extend_from_slice(scope);
+    key
+}
+
+/// Splits an index key into its timestamp and scope bytes.
+pub(crate) fn split_index_key(key: &[u8]) -> Option<(Timestamp, &[u8])> {
+    let (at, scope) = key.split_first_chunk::<8>()?;
+    Some((Timestamp::from_millis(u64::from_be_bytes(*at)), scope))
+}
+
+/// The first index key after every entry at or before `at`.
+pub(crate) fn index_bound_after(at: Timestamp) -> Vec<u8> {
+    at.as_millis().saturating_add(1).to_be_bytes().to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_keys_sort_by_time_then_scope() {
+        let a = index_key(Timestamp::from_millis(255), b"zz");
+        let b = index_key(Timestamp::from_millis(256), b"aa");
+        assert!(a < b);
+        assert!(b < index_bound_after(Timestamp::from_millis(256)));
+        assert_eq!(
+            split_index_key(&b),
+            Some((Timestamp::from_millis(256), &b"aa"[..]))
+        );
+    }
+}

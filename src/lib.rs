@@ -1,0 +1,115 @@
+//! # idemstore
+//!
+//! An embedded idempotency-key store: it makes a service's mutations safe to retry.
+//!
+//! A client that times out cannot know whether its request ran, so it retries with the same
+//! `Idempotency-Key`. The store claims `(tenant, operation, key)` atomically before any work,
+//! answers duplicates with the stored response (or "still running", or a refusal when the key is
+//! reused for a different request), hands an expired claim to the next attempt as a *recovery*,
+//! and commits the business writes and the completed record in **one** redb transaction.
+//!
+//! ```
+//! use idemstore::{Begin, Fingerprint, Response, Scope, Store};
+//! use redb::TableDefinition;
+//!
+//! const ORDERS: TableDefinition<u64, &str> = TableDefinition::new("orders");
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! let store = Store::builder().table(ORDERS).open(dir.path().join("idem"))?;
+//!
+//! let scope = Scope::new("acct_42", "create_order", "6d4cbddc-9f7c-4e8c")?;
+//! let command = ("widget", 3u32);
+//! for _attempt in 0..2 {
+//!     match store.begin(&scope, Fingerprint::of(&command)?)? {
+//!         Begin::Claimed(claim) | Begin::Recovered(claim) => {
+//!             let response = claim.commit(|tx| {
+//!                 tx.insert(&ORDERS, 1, "widget x3")?; // same transaction as the record
+//!                 Ok(Response::new(201, b"order 1".to_vec()))
+//!             })?;
+//!             assert_eq!(response.status(), 201);
+//!         }
+//!         Begin::Replay(stored) => assert_eq!(stored.body(), b"order 1"), // the retry
+//!         Begin::InProgress { retry_after } => println!("409, retry in {retry_after:?}"),
+//!         Begin::Mismatch => println!("422: key reused for another request"),
+//!     }
+//! }
+//! let orders = store.read()?.open_table(ORDERS)?;
+//! assert_eq!(redb::ReadableTableMetadata::len(&orders)?, 1); // one side effect
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## The state machine
+//!
+//! ```text
+//! absent ──claim──> in_progress(fence n) ──commit──> completed(response) ──ttl──> evicted
+//!                      │  │        └──release──> absent            (no side effect happened)
+//!                      │  └──extend / checkpoint (fence-checked)
+//!                      └──lease expires, next begin──> in_progress(fence n+1), "recovered"
+//! ```
+//!
+//! | record found | fingerprint | [`Store::begin`] answers |
+//! | --- | --- | --- |
+//! | none, or completed past its TTL | – | [`Begin::Claimed`] |
+//! | in progress, lease live | same | [`Begin::InProgress`], nothing written |
+//! | in progress, lease expired | same | [`Begin::Recovered`], attempt + 1, previous checkpoint |
+//! | completed | same | [`Begin::Replay`], byte for byte |
+//! | any live record | different | [`Begin::Mismatch`], nothing written |
+//!
+//! ## Layout
+//!
+//! - `scope`, `fingerprint`, `response`, `clock`: the values a caller builds.
+//! - `decision`: the state machine as pure functions of (record, request, now).
+//! - `record`: the record's byte layout.
+//! - `claim`, `store`, `tx`, `read`: the API.
+//! - `engine`: the redb file, the table registry, and the writer thread that runs every write
+//!   in groups (one transaction and one sync per group), with per-request write sets.
+//! - `error`: one error enum per operation.
+//!
+//! Formats and the reasoning behind them are in `docs/design.md`.
+
+#![forbid(unsafe_code)]
+
+mod builder;
+mod claim;
+mod clock;
+mod config;
+mod decision;
+mod engine;
+mod error;
+mod fingerprint;
+mod read;
+mod record;
+mod response;
+mod scope;
+mod store;
+mod tx;
+
+pub use builder::Builder;
+pub use claim::{Begin, Claim};
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use config::{
+    Durability, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE, MAX_RESPONSE_LIMIT, MAX_TTL,
+};
+pub use engine::lifecycle::{Backlog, Evicted};
+pub use error::{
+    BeginError, BoxError, ClaimError, CommitError, CorruptRecord, Error, FingerprintError,
+    OpenError, ReadError, ResponseError, ScopeError, StaleClaim, StaleReason, StoreError, TxError,
+    WriteError,
+};
+pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
+pub use read::ReadTx;
+pub use record::{Record, RecordState};
+pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
+pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
+pub use store::{Counts, Stats, Store};
+pub use tx::{OwnedValue, Tx};
+
+/// redb, re-exported so that table definitions use the same version the store was built with.
+pub use redb;
+
+/// The README's examples, compiled and run as doc tests so the front door never goes stale.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

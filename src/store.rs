@@ -1,0 +1,202 @@
+//! The store handle: `begin`, plain writes and reads, eviction.
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::builder::Builder;
+use crate::claim::{Begin, Claim};
+use crate::config::Config;
+use crate::decision::{Decision, decide};
+use crate::engine::Engine;
+use crate::engine::counters::Counters;
+use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
+use crate::engine::registry::Registry;
+use crate::engine::tables::InternalTables;
+use crate::error::{BeginError, BoxError, OpenError, StoreError, WriteError};
+use crate::fingerprint::Fingerprint;
+use crate::read::ReadTx;
+use crate::record::{Record, RecordState};
+use crate::scope::Scope;
+use crate::tx::Tx;
+
+/// An open idempotency store. Cheap to clone; every clone is the same store.
+///
+/// The store is closed when the last clone and the last [`Claim`] are dropped; drop waits for
+/// the writer to finish what was queued, so the directory can be reopened right after.
+#[derive(Clone)]
+pub struct Store {
+    engine: Arc<Engine>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").finish_non_exhaustive()
+    }
+}
+
+/// How many entries the store's tables hold (O(1) to read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    /// Records, in progress or completed (expired but not yet evicted ones included).
+    pub records: u64,
+    /// Completed records waiting in the expiry index.
+    pub expiry_entries: u64,
+    /// In-progress records in the lease index.
+    pub lease_entries: u64,
+}
+
+/// What the writer has done since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Groups that wrote something and were made durable (one sync each).
+    pub groups_committed: u64,
+    /// Requests the writer answered.
+    pub writer_requests: u64,
+    /// Requests waiting for the writer right now.
+    pub queued: usize,
+}
+
+impl Store {
+    /// Settings for opening a store.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    /// Opens (or creates) a store in `dir` with default settings and no business tables.
+    ///
+    /// # Errors
+    /// See [`Builder::open`].
+    pub fn open(dir: impl AsRef<Path>) -> Result<Store, OpenError> {
+        Builder::new().open(dir)
+    }
+
+    pub(crate) fn open_with(
+        dir: &Path,
+        config: Config,
+        registry: Registry,
+        tables: InternalTables,
+    ) -> Result<Store, OpenError> {
+        let engine = Engine::open(dir, config, registry, tables)?;
+        Ok(Store {
+            engine: Arc::new(engine),
+        })
+    }
+
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Decides, atomically, what to do with a request for `scope` (the table in the crate
+    /// docs). Only a claim or a take-over writes; every other outcome is answered from a read
+    /// transaction when possible and never waits for a sync.
+    ///
+    /// # Errors
+    /// [`BeginError`] if storage fails or the store is poisoned; nothing was claimed.
+    pub fn begin(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
+        let now = self.engine.config().clock.now();
+        let existing = self.engine.read_record(scope)?;
+        match decide(existing.as_ref(), &fingerprint, now) {
+            Decision::Replay => {
+                if let Some(RecordState::Completed { response, .. }) = existing.map(|r| r.state) {
+                    return Ok(Begin::Replay(response));
+                }
+            }
+            Decision::InProgress { retry_after } => return Ok(Begin::InProgress { retry_after }),
+            Decision::Mismatch => return Ok(Begin::Mismatch),
+            // Writes: the writer decides again inside its transaction, where racing claims
+            // for the same scope are serialised and exactly one wins.
+            Decision::Claim | Decision::TakeOver => {}
+        }
+        let decided = scope.clone();
+        let answer = self
+            .engine
+            .call(move |tx, ctx| lifecycle::begin(tx, ctx, &decided, fingerprint))??;
+        let claim = |held| Claim::new(self.clone(), scope.clone(), fingerprint, held);
+        Ok(match answer {
+            BeginAnswer::Claimed(held) => Begin::Claimed(claim(held)),
+            BeginAnswer::Recovered(held) => Begin::Recovered(claim(held)),
+            BeginAnswer::Replay(response) => Begin::Replay(response),
+            BeginAnswer::InProgress { retry_after } => Begin::InProgress { retry_after },
+            BeginAnswer::Mismatch => Begin::Mismatch,
+        })
+    }
+
+    /// The record of `scope`, or `None` if absent or completed and past its TTL (an expired
+    /// record answers nothing, even before eviction removes it).
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails, the record is corrupt, or the store is poisoned.
+    pub fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+        let now = self.engine.config().clock.now();
+        Ok(self
+            .engine
+            .read_record(scope)?
+            .filter(|r| !r.is_expired(now)))
+    }
+
+    /// Runs a business transaction that has no idempotency key, through the same writer and
+    /// group commit as claims. Durable when it returns `Ok`; on error nothing of it was kept.
+    ///
+    /// # Errors
+    /// See [`WriteError`].
+    pub fn write<T, F>(&self, work: F) -> Result<T, WriteError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Tx<'_>) -> Result<T, BoxError> + Send + 'static,
+    {
+        let answer = self
+            .engine
+            .call(move |tx, _ctx| lifecycle::write(tx, Box::new(work)))?;
+        answer.map_err(|failure| match failure {
+            UserFailure::Aborted(e) => WriteError::Aborted(e),
+            UserFailure::Panicked(message) => WriteError::Panicked { message },
+        })
+    }
+
+    /// A read-only snapshot for reading business tables.
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails or the store is poisoned.
+    pub fn read(&self) -> Result<ReadTx, StoreError> {
+        Ok(ReadTx::new(self.engine.begin_read()?, self.clone()))
+    }
+
+    /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
+    /// expiry index (never a scan of the records). Runs through the writer like any write.
+    /// In-progress records are never evicted.
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails or the store is poisoned.
+    pub fn evict_expired(&self, limit: usize) -> Result<Evicted, StoreError> {
+        self.engine
+            .call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, limit))?
+    }
+
+    /// Counters since open. Cheap: no storage access.
+    pub fn stats(&self) -> Stats {
+        let c = self.engine.counters();
+        Stats {
+            groups_committed: Counters::get(&c.groups_committed),
+            writer_requests: Counters::get(&c.requests),
+            queued: c.queued.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// How many records and index entries the store holds.
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails or the store is poisoned.
+    pub fn counts(&self) -> Result<Counts, StoreError> {
+        let txn = self.engine.begin_read()?;
+        let registry = self.engine.registry();
+        let tables = self.engine.tables();
+        let len = |id| registry.table(id).len(&txn);
+        Ok(Counts {
+            records: len(tables.records)?,
+            expiry_entries: len(tables.expiry)?,
+            lease_entries: len(tables.leases)?,
+        })
+    }
+}
