@@ -1,0 +1,57 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use idemstore::redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
+use idemstore::{Builder, Fingerprint, ManualClock, Scope, Store, Timestamp};
+
+pub type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+/// The business table the tests write orders to.
+pub const ORDERS: TableDefinition<&str, &str> = TableDefinition::new("orders");
+
+pub const LEASE: Duration = Duration::from_secs(30);
+pub const TTL: Duration = Duration::from_secs(3600);
+
+/// A manual clock at a fixed, realistic start time.
+pub fn clock() -> ManualClock {
+    ManualClock::new(Timestamp::from_millis(1_764_000_000_000))
+}
+
+pub fn builder(clock: &ManualClock) -> Builder {
+    Store::builder()
+        .lease(LEASE)
+        .ttl(TTL)
+        .table(ORDERS)
+        .clock(clock.clone())
+}
+
+pub fn open(dir: &Path, clock: &ManualClock) -> Result<Store, idemstore::OpenError> {
+    builder(clock).open(dir.join("idem"))
+}
+
+pub fn scope(key: &str) -> Scope {
+    Scope::new("tenant-a", "create_order", key).expect("test scopes are valid")
+}
+
+pub fn fp(s: &str) -> Fingerprint {
+    Fingerprint::of_bytes(s.as_bytes())
+}
+
+/// Every row of the orders table.
+pub fn orders(store: &Store) -> Result<Vec<(String, String)>, Box<dyn std::error::Error>> {
+    let read = store.read()?;
+    let table = read.open_table(ORDERS)?;
+    let mut rows = Vec::new();
+    for entry in table.iter()? {
+        let (k, v) = entry?;
+        rows.push((k.value().to_owned(), v.value().to_owned()));
+    }
+    Ok(rows)
+}
+
+pub fn order_count(store: &Store) -> Result<u64, Box<dyn std::error::Error>> {
+    Ok(store.read()?.open_table(ORDERS)?.len()?)
+}

@@ -1,0 +1,99 @@
+//! One failing request inside a group must not disturb the others, and must leave no trace.
+
+mod common;
+
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier};
+
+use common::{ORDERS, TestResult, clock, fp, open, orders, scope};
+use idemstore::{Begin, CommitError, RecordState, Response};
+
+const GOOD: usize = 16;
+
+#[test]
+fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = open(dir.path(), &clock())?;
+    let mut claims = Vec::new();
+    for i in 0..=GOOD {
+        match store.begin(&scope(&format!("k{i}")), fp("req"))? {
+            Begin::Claimed(claim) => claims.push(claim),
+            other => return Err(format!("expected Claimed, got {other:?}").into()),
+        }
+    }
+
+    // Hold the writer inside a plain write so that all 17 commits queue up behind it and are
+    // taken as one group when it is let go.
+    let (release_writer, held) = mpsc::channel::<()>();
+    let (running, writer_busy) = mpsc::channel::<()>();
+    let blocker = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store.write(move |_| {
+                running.send(())?;
+                held.recv()?;
+                Ok(())
+            })
+        })
+    };
+    writer_busy.recv()?;
+    let groups_before = store.stats().groups_committed;
+
+    let start = Arc::new(Barrier::new(GOOD + 1));
+    let committers: Vec<_> = claims
+        .into_iter()
+        .enumerate()
+        .map(|(i, claim)| {
+            let start = start.clone();
+            std::thread::spawn(move || {
+                start.wait();
+                claim.commit(move |tx| {
+                    tx.insert(&ORDERS, format!("order-{i}").as_str(), "row")?;
+                    if i == GOOD {
+                        tx.insert(&ORDERS, "poison-row", "must not persist")?;
+                        return Err("rejected by validation".into());
+                    }
+                    Ok(Response::new(201, format!("order-{i}").into_bytes()))
+                })
+            })
+        })
+        .collect();
+    while store.stats().queued < GOOD + 1 {
+        std::thread::yield_now();
+    }
+    release_writer.send(())?;
+    blocker.join().map_err(|_| "blocker panicked")??;
+
+    let mut results: Vec<_> = Vec::new();
+    for c in committers {
+        results.push(c.join().map_err(|_| "committer panicked")?);
+    }
+    // The blocker wrote nothing, so its group was aborted, not committed: exactly one durable
+    // group holds all 17 commits.
+    assert_eq!(store.stats().groups_committed, groups_before + 1);
+
+    for (i, result) in results.into_iter().enumerate() {
+        if i == GOOD {
+            let err = result.err().ok_or("the failing commit succeeded")?;
+            assert!(matches!(err, CommitError::Aborted { .. }), "{err}");
+            let claim = err.into_claim().ok_or("the claim should come back")?;
+            assert!(matches!(
+                store.get(claim.scope())?.map(|r| r.state().clone()),
+                Some(RecordState::InProgress { .. })
+            ));
+        } else {
+            assert_eq!(result?.body(), format!("order-{i}").as_bytes());
+            assert!(matches!(
+                store.begin(&scope(&format!("k{i}")), fp("req"))?,
+                Begin::Replay(_)
+            ));
+        }
+    }
+    let rows = orders(&store)?;
+    assert_eq!(rows.len(), GOOD, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|(k, _)| k != "poison-row" && k != &format!("order-{GOOD}"))
+    );
+    Ok(())
+}
