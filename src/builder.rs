@@ -10,6 +10,7 @@ use crate::config::{Config, Durability};
 use crate::engine::registry::{Internal, RegisterError, Registry};
 use crate::engine::tables::InternalTables;
 use crate::error::OpenError;
+use crate::storage::Storage;
 use crate::store::Store;
 
 /// Settings for [`Store::open`](crate::Store::open). Every setting is checked at `open`; an
@@ -101,7 +102,7 @@ impl Builder {
 
     /// How groups are made durable.
     ///
-    /// Default = [`Durability::Redb`].
+    /// Default = [`Durability::Wal`].
     #[must_use]
     pub fn durability(mut self, durability: Durability) -> Self {
         self.config.durability = durability;
@@ -135,16 +136,58 @@ impl Builder {
         self
     }
 
+    /// Size of one write-ahead log segment file. Segments are preallocated and reused after a
+    /// checkpoint; a group larger than a segment gets a segment of its own size.
+    ///
+    /// Default = 8 MiB. Valid: 64 KiB ..= 1 GiB.
+    #[must_use]
+    pub fn log_segment_bytes(mut self, bytes: u64) -> Self {
+        self.config.segment_bytes = bytes;
+        self
+    }
+
+    /// Log bytes after which a checkpoint makes redb durable and lets the log be reused. A
+    /// larger value means fewer checkpoints and a longer replay after a crash.
+    ///
+    /// Default = 64 MiB. Valid: at least one log segment.
+    #[must_use]
+    pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
+        self.config.checkpoint_bytes = bytes;
+        self
+    }
+
+    /// Time after which a checkpoint runs even if little was logged (also when idle).
+    ///
+    /// Default = 2 s. Valid: 1 ms ..= 1 hour.
+    #[must_use]
+    pub fn checkpoint_interval(mut self, interval: Duration) -> Self {
+        self.config.checkpoint_interval = interval;
+        self
+    }
+
     /// Opens (or creates) the store in directory `dir`, creating the directory if absent.
     ///
     /// # Errors
     /// [`OpenError`] for an invalid setting, a path that cannot be used, a store already open
     /// elsewhere, a file of another format, or a table that cannot be registered.
     pub fn open(self, dir: impl AsRef<Path>) -> Result<Store, OpenError> {
+        self.open_on(Storage::Directory(dir.as_ref().to_path_buf()))
+    }
+
+    /// Opens (or creates) the store on a simulated disk, for crash and fault tests.
+    ///
+    /// # Errors
+    /// As [`Builder::open`].
+    #[cfg(feature = "testing")]
+    pub fn open_simulated(self, disk: &crate::testing::SimDisk) -> Result<Store, OpenError> {
+        self.open_on(Storage::Simulated(disk.clone()))
+    }
+
+    fn open_on(self, storage: Storage) -> Result<Store, OpenError> {
         if let Some(e) = self.bad_table {
             return Err(e);
         }
         self.config.validate()?;
-        Store::open_with(dir.as_ref(), self.config, self.registry, self.tables)
+        Store::open_with(storage, self.config, self.registry, self.tables)
     }
 }

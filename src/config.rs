@@ -13,9 +13,16 @@ use crate::error::OpenError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
-    /// Each group of requests is one durable redb commit: redb writes the group's pages and
-    /// syncs the file before any request of the group is answered. No log.
+    /// The default. Each group's writes are appended to a write-ahead log as one checksummed
+    /// frame and made durable with one `fdatasync` of that small sequential write; only then is
+    /// the group applied to redb (without a sync) and answered. A checkpoint makes redb durable
+    /// every [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes) of log or
+    /// [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval); opening after a
+    /// crash replays the log written since.
     #[default]
+    Wal,
+    /// Each group is one durable redb commit: redb writes the group's pages and syncs the file
+    /// before any request of the group is answered. No log. Slower per group, nothing to replay.
     Redb,
 }
 
@@ -29,6 +36,12 @@ pub const MAX_RESPONSE_LIMIT: usize = 64 * 1024 * 1024;
 pub const MAX_CHECKPOINT_LIMIT: usize = 16 * 1024 * 1024;
 /// Largest accepted `max_batch`.
 pub const MAX_BATCH_LIMIT: usize = 65_536;
+/// Smallest accepted log segment size.
+pub const MIN_SEGMENT_BYTES: u64 = 64 * 1024;
+/// Largest accepted log segment size.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+/// Most bytes one request (one commit or write) may write, keys and values together.
+pub const MAX_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -38,6 +51,9 @@ pub(crate) struct Config {
     pub(crate) max_checkpoint_bytes: usize,
     pub(crate) max_batch: usize,
     pub(crate) durability: Durability,
+    pub(crate) segment_bytes: u64,
+    pub(crate) checkpoint_bytes: u64,
+    pub(crate) checkpoint_interval: Duration,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -50,6 +66,9 @@ impl Default for Config {
             max_checkpoint_bytes: 64 * 1024,
             max_batch: 1024,
             durability: Durability::default(),
+            segment_bytes: 8 * 1024 * 1024,
+            checkpoint_bytes: 64 * 1024 * 1024,
+            checkpoint_interval: Duration::from_secs(2),
             clock: Arc::new(SystemClock),
         }
     }
@@ -86,6 +105,29 @@ impl Config {
             return invalid(
                 "max_batch",
                 format!("{} is outside 1 ..= 65536", self.max_batch),
+            );
+        }
+        if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
+            return invalid(
+                "log_segment_bytes",
+                format!("{} is outside 64 KiB ..= 1 GiB", self.segment_bytes),
+            );
+        }
+        if self.checkpoint_bytes < self.segment_bytes {
+            return invalid(
+                "checkpoint_bytes",
+                format!(
+                    "{} is smaller than a log segment ({}); set it to at least one segment",
+                    self.checkpoint_bytes, self.segment_bytes
+                ),
+            );
+        }
+        if self.checkpoint_interval.is_zero()
+            || self.checkpoint_interval > Duration::from_secs(3600)
+        {
+            return invalid(
+                "checkpoint_interval",
+                format!("{:?} is outside 1 ms ..= 1 hour", self.checkpoint_interval),
             );
         }
         Ok(())

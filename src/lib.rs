@@ -83,20 +83,25 @@ mod read;
 mod record;
 mod response;
 mod scope;
+mod storage;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod tx;
+mod wal;
 
 pub use builder::Builder;
 pub use claim::{Begin, Claim};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
-    Durability, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE, MAX_RESPONSE_LIMIT, MAX_TTL,
+    Durability, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE, MAX_REQUEST_BYTES,
+    MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES,
 };
 pub use engine::lifecycle::{Backlog, Evicted};
 pub use error::{
     BeginError, BoxError, ClaimError, CommitError, CorruptRecord, Error, FingerprintError,
-    OpenError, ReadError, ResponseError, ScopeError, StaleClaim, StaleReason, StoreError, TxError,
-    WriteError,
+    OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim, StaleReason,
+    StoreError, TxError, WriteError,
 };
 pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
 pub use read::ReadTx;
@@ -105,6 +110,7 @@ pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Respo
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
 pub use store::{Counts, Stats, Store};
 pub use tx::{OwnedValue, Tx};
+pub use wal::RecoveryReport;
 
 /// redb, re-exported so that table definitions use the same version the store was built with.
 pub use redb;

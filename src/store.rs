@@ -10,6 +10,7 @@ use crate::config::Config;
 use crate::decision::{Decision, decide};
 use crate::engine::Engine;
 use crate::engine::counters::Counters;
+use crate::engine::job::Keep;
 use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
 use crate::engine::registry::Registry;
 use crate::engine::tables::InternalTables;
@@ -18,7 +19,9 @@ use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
 use crate::record::{Record, RecordState};
 use crate::scope::Scope;
+use crate::storage::Storage;
 use crate::tx::Tx;
+use crate::wal::RecoveryReport;
 
 /// An open idempotency store. Cheap to clone; every clone is the same store.
 ///
@@ -50,8 +53,13 @@ pub struct Counts {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Groups that wrote something and were made durable (one sync each).
+    /// Groups that wrote something and were made durable (one log sync each in `Wal` mode,
+    /// one durable redb commit each in `Redb` mode).
     pub groups_committed: u64,
+    /// Log checkpoints (redb made durable, log segments freed for reuse).
+    pub checkpoints: u64,
+    /// Bytes appended to the write-ahead log (frame headers included).
+    pub log_bytes: u64,
     /// Requests the writer answered.
     pub writer_requests: u64,
     /// Requests waiting for the writer right now.
@@ -73,12 +81,12 @@ impl Store {
     }
 
     pub(crate) fn open_with(
-        dir: &Path,
+        storage: Storage,
         config: Config,
         registry: Registry,
         tables: InternalTables,
     ) -> Result<Store, OpenError> {
-        let engine = Engine::open(dir, config, registry, tables)?;
+        let engine = Engine::open(storage, config, registry, tables)?;
         Ok(Store {
             engine: Arc::new(engine),
         })
@@ -180,8 +188,30 @@ impl Store {
         Stats {
             groups_committed: Counters::get(&c.groups_committed),
             writer_requests: Counters::get(&c.requests),
+            checkpoints: Counters::get(&c.checkpoints),
+            log_bytes: Counters::get(&c.log_bytes),
             queued: c.queued.load(std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// What opening found in the write-ahead log: frames replayed, a torn tail dropped, time.
+    pub fn recovery_report(&self) -> &RecoveryReport {
+        self.engine.recovery()
+    }
+
+    /// Checkpoints now: makes everything acknowledged durable in redb itself and lets the log
+    /// reuse its segments. Happens on its own every `checkpoint_bytes` or
+    /// `checkpoint_interval`, and when the store closes; call it before copying the database
+    /// file, for example. A no-op in `Durability::Redb` mode.
+    ///
+    /// # Errors
+    /// [`StoreError`] if the checkpoint fails (the store is then poisoned; the log still holds
+    /// everything, and a reopen replays it).
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        self.engine.call(|_, ctx| {
+            ctx.request_checkpoint();
+            (Keep::Nothing, ())
+        })
     }
 
     /// How many records and index entries the store holds.

@@ -11,6 +11,7 @@ use std::ops::{Bound, RangeBounds};
 
 use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
+use crate::config::MAX_REQUEST_BYTES;
 use crate::engine::registry::{RESERVED_PREFIX, RawEntries, Registry, TableId, type_names};
 use crate::engine::write_set::{Buffered, WriteSet};
 use crate::error::TxError;
@@ -96,7 +97,8 @@ impl<'g> Tx<'g> {
     /// [`Tx::get`] first if you need it.
     ///
     /// # Errors
-    /// [`TxError`] if the table is not registered (or with other types).
+    /// [`TxError`] if the table is not registered (or with other types), or if this request
+    /// has written more than [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES).
     pub fn insert<'k, 'v, K: Key + 'static, V: Value + 'static>(
         &mut self,
         table: &TableDefinition<'_, K, V>,
@@ -106,6 +108,13 @@ impl<'g> Tx<'g> {
         let id = self.resolve(table)?;
         let key = K::as_bytes(key.borrow());
         let value = V::as_bytes(value.borrow());
+        let bytes = self.writes.bytes() + (key.as_ref().len() + value.as_ref().len()) as u64;
+        if bytes > MAX_REQUEST_BYTES {
+            return Err(TxError::TooLarge {
+                bytes,
+                max: MAX_REQUEST_BYTES,
+            });
+        }
         self.put_raw(id, key.as_ref(), value.as_ref().to_vec());
         Ok(())
     }

@@ -272,11 +272,76 @@ fn a_second_open_of_the_same_directory_is_refused() -> TestResult {
 fn refused_input_leaves_the_store_empty() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = open(dir.path(), &clock())?;
-    let _ = store.write(|tx| {
-        tx.insert(&UNREGISTERED, "k", "v")?;
-        Ok(())
-    });
+    let err = store
+        .write(|tx| {
+            tx.insert(&ORDERS, "k", "v")?;
+            tx.insert(&UNREGISTERED, "k", "v")?;
+            Ok(())
+        })
+        .err()
+        .ok_or("an unregistered table was written")?;
+    assert!(
+        matches!(&err, idemstore::WriteError::Aborted(e) if matches!(e.downcast_ref::<TxError>(), Some(TxError::UnknownTable { .. }))),
+        "{err}"
+    );
     assert_eq!(store.counts()?, Counts::default());
     assert_eq!(store.stats().groups_committed, 0);
+    Ok(())
+}
+
+/// Rewrites one entry of the store's metadata table directly in redb.
+fn damage_meta(dir: &std::path::Path, key: &[u8], value: &[u8]) -> TestResult {
+    let db = idemstore::redb::Database::open(dir.join("idemstore.redb"))?;
+    let txn = db.begin_write()?;
+    {
+        let meta: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.meta");
+        let mut table = txn.open_table(meta)?;
+        table.insert(key, value)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+#[test]
+fn a_damaged_fence_counter_is_refused_rather_than_restarted() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    {
+        let store = open(dir.path(), &clock())?;
+        let Begin::Claimed(claim) = store.begin(&scope("k"), fp("req"))? else {
+            return Err("expected Claimed".into());
+        };
+        claim.release()?;
+    }
+    damage_meta(&dir.path().join("idem"), b"next_fence", &[1, 2, 3])?;
+    let err = open(dir.path(), &clock())
+        .err()
+        .ok_or("a damaged fence counter opened")?;
+    assert!(
+        matches!(
+            err,
+            OpenError::CorruptMeta {
+                key: "next_fence",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_redb_file_that_is_not_a_store_is_refused() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("idemstore.redb");
+    {
+        let db = idemstore::redb::Database::create(&path)?;
+        let txn = db.begin_write()?;
+        txn.open_table(ORDERS)?.insert("someone else's", "data")?;
+        txn.commit()?;
+    }
+    let err = Store::open(dir.path())
+        .err()
+        .ok_or("a foreign redb file was adopted")?;
+    assert!(matches!(err, OpenError::NotAStore { .. }), "{err}");
     Ok(())
 }

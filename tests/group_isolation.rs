@@ -58,7 +58,13 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
             })
         })
         .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while store.stats().queued < GOOD + 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the commits never queued: {:?}",
+            store.stats()
+        );
         std::thread::yield_now();
     }
     release_writer.send(())?;

@@ -41,42 +41,52 @@ fn thirty_two_threads_racing_each_of_500_keys_cause_exactly_500_side_effects() -
                 seen.clone(),
                 barrier.clone(),
             );
-            std::thread::spawn(move || -> Result<(), idemstore::Error> {
+            std::thread::spawn(move || {
+                let mut errors = Vec::new();
                 for key in 0..KEYS {
-                    let scope = Scope::new("acct", "charge", format!("key-{key}"))?;
-                    // Every thread starts each key at the same moment.
+                    // Every thread starts each key at the same moment. A failure is recorded,
+                    // never returned early: the others would wait at the barrier forever.
                     barrier.wait();
-                    match store.begin(&scope, fp("same request"))? {
-                        Begin::Claimed(claim) => {
-                            claims_per_key[key].fetch_add(1, Ordering::SeqCst);
-                            seen.claimed.fetch_add(1, Ordering::SeqCst);
-                            // The side effect happens outside the store, once per winner.
-                            side_effects.fetch_add(1, Ordering::SeqCst);
-                            let id = format!("order-{key}");
-                            claim.commit(move |tx| {
-                                tx.insert(&ORDERS, id.as_str(), "charged")?;
-                                Ok(Response::new(201, id.clone().into_bytes()))
-                            })?;
+                    let attempt = || -> Result<(), idemstore::Error> {
+                        let scope = Scope::new("acct", "charge", format!("key-{key}"))?;
+                        match store.begin(&scope, fp("same request"))? {
+                            Begin::Claimed(claim) => {
+                                claims_per_key[key].fetch_add(1, Ordering::SeqCst);
+                                seen.claimed.fetch_add(1, Ordering::SeqCst);
+                                // The side effect happens outside the store, once per winner.
+                                side_effects.fetch_add(1, Ordering::SeqCst);
+                                let id = format!("order-{key}");
+                                claim.commit(move |tx| {
+                                    tx.insert(&ORDERS, id.as_str(), "charged")?;
+                                    Ok(Response::new(201, id.clone().into_bytes()))
+                                })?;
+                            }
+                            Begin::InProgress { .. } => {
+                                seen.in_progress.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Begin::Replay(response) => {
+                                assert_eq!(response.body(), format!("order-{key}").as_bytes());
+                                seen.replay.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Begin::Recovered(_) | Begin::Mismatch => {
+                                seen.other.fetch_add(1, Ordering::SeqCst);
+                            }
                         }
-                        Begin::InProgress { .. } => {
-                            seen.in_progress.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Begin::Replay(response) => {
-                            assert_eq!(response.body(), format!("order-{key}").as_bytes());
-                            seen.replay.fetch_add(1, Ordering::SeqCst);
-                        }
-                        Begin::Recovered(_) | Begin::Mismatch => {
-                            seen.other.fetch_add(1, Ordering::SeqCst);
-                        }
+                        Ok(())
+                    };
+                    if let Err(e) = attempt() {
+                        errors.push(format!("key-{key}: {e}"));
                     }
                 }
-                Ok(())
+                errors
             })
         })
         .collect();
+    let mut errors = Vec::new();
     for worker in workers {
-        worker.join().map_err(|_| "a worker panicked")??;
+        errors.extend(worker.join().map_err(|_| "a worker panicked")?);
     }
+    assert!(errors.is_empty(), "{errors:?}");
 
     for (key, claims) in claims_per_key.iter().enumerate() {
         assert_eq!(
@@ -99,11 +109,9 @@ fn thirty_two_threads_racing_each_of_500_keys_cause_exactly_500_side_effects() -
     );
     let losers = seen.in_progress.load(Ordering::SeqCst) + seen.replay.load(Ordering::SeqCst);
     assert_eq!(losers as usize, KEYS * (THREADS - 1));
-    // Group commit: far fewer syncs than requests.
+    // Exactly one durable group per claim and one per commit: the losers that reached the
+    // writer were answered without committing (or syncing) anything.
     let stats = store.stats();
-    assert!(
-        stats.groups_committed < stats.writer_requests,
-        "{stats:?}: claims racing for one key should share groups"
-    );
+    assert_eq!(stats.groups_committed, 2 * KEYS as u64, "{stats:?}");
     Ok(())
 }

@@ -16,6 +16,24 @@ pub(crate) struct Context<'a> {
     pub(crate) tables: InternalTables,
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
+    checkpoint: CheckpointRequest,
+}
+
+/// Whether a request asked the writer to checkpoint right after its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckpointRequest {
+    No,
+    Yes,
+}
+
+impl CheckpointRequest {
+    pub(crate) fn or(self, other: CheckpointRequest) -> CheckpointRequest {
+        if self == CheckpointRequest::Yes {
+            self
+        } else {
+            other
+        }
+    }
 }
 
 impl<'a> Context<'a> {
@@ -30,7 +48,17 @@ impl<'a> Context<'a> {
             config,
             tables,
             next_fence,
+            checkpoint: CheckpointRequest::No,
         }
+    }
+
+    /// Asks the writer to checkpoint once this request's group is durable, before answering.
+    pub(crate) fn request_checkpoint(&mut self) {
+        self.checkpoint = CheckpointRequest::Yes;
+    }
+
+    pub(crate) fn checkpoint(&self) -> CheckpointRequest {
+        self.checkpoint
     }
 
     /// Hands out a fence that was never handed out before, and records the counter in the

@@ -10,6 +10,10 @@ pub(crate) struct Counters {
     pub(crate) groups_committed: AtomicU64,
     /// Requests answered by the writer (in any group, written or not).
     pub(crate) requests: AtomicU64,
+    /// Bytes appended to the write-ahead log (frames with their headers).
+    pub(crate) log_bytes: AtomicU64,
+    /// Log checkpoints made (redb made durable, log segments freed).
+    pub(crate) checkpoints: AtomicU64,
 }
 
 impl Counters {

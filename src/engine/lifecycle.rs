@@ -317,22 +317,27 @@ fn update_in_progress(
 }
 
 /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
-/// expiry index. In-progress records are never removed: their outcome is unknown.
+/// expiry index. In-progress records are never removed: their outcome is unknown. A limit of 0
+/// is taken as 1, so a loop that calls again while [`Backlog::More`] always makes progress.
 pub(crate) fn evict_expired(
     tx: &mut Tx<'_>,
     ctx: &mut Context<'_>,
     limit: usize,
 ) -> (Keep, Result<Evicted, StoreError>) {
+    match evict(tx, ctx, limit.max(1)) {
+        Ok(evicted) => (Keep::Writes, Ok(evicted)),
+        Err(e) => (Keep::Nothing, Err(e)),
+    }
+}
+
+fn evict(tx: &mut Tx<'_>, ctx: &Context<'_>, limit: usize) -> Result<Evicted, StoreError> {
     let end = index_bound_after(ctx.now);
-    let due = match tx.range_raw(
+    let due = tx.range_raw(
         ctx.tables.expiry,
         Bound::Unbounded,
         Bound::Excluded(&end),
         limit.saturating_add(1),
-    ) {
-        Ok(due) => due,
-        Err(e) => return (Keep::Nothing, Err(e.into())),
-    };
+    )?;
     let backlog = if due.len() > limit {
         Backlog::More
     } else {
@@ -344,20 +349,23 @@ pub(crate) fn evict_expired(
         let Some((expires_at, scope_bytes)) = split_index_key(&index_entry) else {
             continue;
         };
-        let record = match tx.get_raw(ctx.tables.records, scope_bytes) {
-            Ok(record) => record.and_then(|bytes| Record::decode(&bytes).ok()),
-            Err(e) => return (Keep::Nothing, Err(e.into())),
+        let Some(bytes) = tx.get_raw(ctx.tables.records, scope_bytes)? else {
+            continue;
         };
+        // A record that cannot be read is reported, never silently skipped (nor evicted).
+        let record = Record::decode(&bytes).map_err(|source| StoreError::CorruptRecord {
+            scope: Scope::decode(scope_bytes)
+                .map_or_else(|_| format!("{scope_bytes:?}"), |s| s.to_string()),
+            source,
+        })?;
         // Only the record this entry indexes, and only if it is still completed and expired;
         // anything else means the entry was stale and only the entry goes.
-        if let Some(record) = record {
-            let current = matches!(record.state,
-                RecordState::Completed { expires_at: at, .. } if at == expires_at);
-            if current && record.is_expired(ctx.now) {
-                tx.delete_raw(ctx.tables.records, scope_bytes);
-                removed += 1;
-            }
+        let current = matches!(record.state,
+            RecordState::Completed { expires_at: at, .. } if at == expires_at);
+        if current && record.is_expired(ctx.now) {
+            tx.delete_raw(ctx.tables.records, scope_bytes);
+            removed += 1;
         }
     }
-    (Keep::Writes, Ok(Evicted { removed, backlog }))
+    Ok(Evicted { removed, backlog })
 }

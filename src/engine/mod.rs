@@ -8,40 +8,44 @@ pub(crate) mod context;
 pub(crate) mod counters;
 pub(crate) mod job;
 pub(crate) mod lifecycle;
+mod meta;
 pub(crate) mod poison;
 pub(crate) mod registry;
 pub(crate) mod tables;
 pub(crate) mod write_set;
 mod writer;
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::{JoinHandle, ThreadId};
+use std::time::Instant;
 
-use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadableDatabase, TableDefinition};
 
-use crate::config::Config;
-use crate::error::{OpenError, StoreError};
+use crate::config::{Config, Durability};
+use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::record::Record;
 use crate::scope::Scope;
+use crate::storage::{LogDir, Storage};
 use crate::tx::Tx;
+use crate::wal::{self, Log, RecoveryReport};
 
 use self::context::Context;
 use self::counters::Counters;
 use self::job::{Job, Keep, Task};
 use self::poison::Poison;
 use self::registry::Registry;
-use self::tables::{FORMAT_VERSION, InternalTables, META, META_FORMAT, META_NEXT_FENCE, RECORDS};
+use self::tables::{InternalTables, RECORDS};
 use self::writer::Writer;
-
-/// The database file inside the store's directory.
-pub(crate) const DB_FILE: &str = "idemstore.redb";
 
 /// Queued requests per request the writer takes into a group: room for the next group to
 /// gather while one is being synced, and back-pressure beyond it.
 const QUEUE_PER_BATCH: usize = 4;
+
+/// Frames replayed per redb transaction during recovery (committed without a sync; the final
+/// checkpoint makes them durable together).
+const REPLAY_FRAMES_PER_TXN: u64 = 4096;
 
 #[derive(Debug)]
 pub(crate) struct Engine {
@@ -51,6 +55,7 @@ pub(crate) struct Engine {
     config: Arc<Config>,
     poison: Arc<Poison>,
     counters: Arc<Counters>,
+    recovery: RecoveryReport,
     /// `None` only while dropping: closing it is what stops the writer.
     queue: Option<SyncSender<Box<dyn Job>>>,
     writer: Option<JoinHandle<()>>,
@@ -59,19 +64,35 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub(crate) fn open(
-        dir: &Path,
+        storage: Storage,
         config: Config,
         registry: Registry,
         tables: InternalTables,
     ) -> Result<Engine, OpenError> {
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| OpenError::Io { path, source }
+        let db = storage.database()?;
+        let checkpoint = meta::set_up(&db, &registry, &storage.db_path())?.log_checkpoint;
+
+        // Replay whatever the log holds past the checkpoint, in either durability mode: a store
+        // last opened with the log must not lose it when reopened without.
+        let log_dir = match config.durability {
+            Durability::Wal => Some(storage.log_dir()?),
+            Durability::Redb => storage.existing_log_dir()?,
         };
-        std::fs::create_dir_all(dir).map_err(io(dir))?;
-        let path = dir.join(DB_FILE);
-        let db = open_database(&path)?;
-        let next_fence = set_up(&db, &registry)?;
+        let mut log_start = None;
+        let mut recovery = RecoveryReport::default();
+        if let Some(dir) = log_dir {
+            let (report, start) =
+                replay(&db, &registry, dir.as_ref(), &storage, &config, checkpoint)?;
+            recovery = report;
+            if config.durability == Durability::Wal {
+                let log = Log::start(dir, start).map_err(|source| OpenError::Io {
+                    path: storage.log_path(),
+                    source,
+                })?;
+                log_start = Some(log);
+            }
+        }
+        let next_fence = meta::load(&db)?.next_fence;
 
         let db = Arc::new(db);
         let registry = Arc::new(registry);
@@ -79,16 +100,17 @@ impl Engine {
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
-        let writer = Writer {
-            db: db.clone(),
-            registry: registry.clone(),
+        let writer = Writer::new(
+            db.clone(),
+            registry.clone(),
             tables,
-            config: config.clone(),
-            poison: poison.clone(),
-            counters: counters.clone(),
+            config.clone(),
+            poison.clone(),
+            counters.clone(),
             next_fence,
-            queue: receiver,
-        };
+            receiver,
+            log_start,
+        );
         let handle = std::thread::Builder::new()
             .name("idemstore-writer".into())
             .spawn(move || writer.run())
@@ -100,6 +122,7 @@ impl Engine {
             config,
             poison,
             counters,
+            recovery,
             queue: Some(queue),
             writer_id: handle.thread().id(),
             writer: Some(handle),
@@ -116,6 +139,10 @@ impl Engine {
 
     pub(crate) fn tables(&self) -> InternalTables {
         self.tables
+    }
+
+    pub(crate) fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
     }
 
     /// Runs `work` on the writer inside the next group and returns its answer once the group is
@@ -175,6 +202,61 @@ impl Engine {
     }
 }
 
+/// Replays the log past `checkpoint` into redb, then makes redb durable with quick-repair and
+/// records the new checkpoint, so the log's files may be reused. Returns the report and where
+/// the next log starts.
+fn replay(
+    db: &Database,
+    registry: &Registry,
+    dir: &dyn LogDir,
+    storage: &Storage,
+    config: &Config,
+    checkpoint: u64,
+) -> Result<(RecoveryReport, wal::LogStart), OpenError> {
+    let path = storage.log_path();
+    let apply_error = |e: redb::Error| OpenError::Recovery(RecoveryError::Apply(e));
+    let begin = || -> Result<redb::WriteTransaction, redb::Error> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::None)?;
+        Ok(txn)
+    };
+    let mut txn = Some(begin().map_err(apply_error)?);
+    let mut in_txn = 0u64;
+    let recovered = wal::recover(dir, &path, checkpoint, config.segment_bytes, &mut |frame| {
+        let current = match txn.as_ref() {
+            Some(current) => current,
+            None => txn.insert(begin().map_err(RecoveryError::Apply)?),
+        };
+        wal::replay_frame(registry, current, frame, &path)?;
+        in_txn += 1;
+        if in_txn == REPLAY_FRAMES_PER_TXN {
+            if let Some(full) = txn.take() {
+                full.commit().map_err(|e| RecoveryError::Apply(e.into()))?;
+            }
+            in_txn = 0;
+        }
+        Ok(())
+    })?;
+    let mut txn = match txn {
+        Some(txn) => txn,
+        None => begin().map_err(apply_error)?,
+    };
+    if recovered.last_seq == checkpoint {
+        txn.abort().map_err(|e| apply_error(e.into()))?;
+    } else {
+        let started = Instant::now();
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(|e| apply_error(e.into()))?;
+        txn.set_quick_repair(true);
+        meta::set_log_checkpoint(&txn, recovered.last_seq).map_err(apply_error)?;
+        txn.commit().map_err(|e| apply_error(e.into()))?;
+        let mut report = recovered.report;
+        report.duration += started.elapsed();
+        return Ok((report, recovered.start));
+    }
+    Ok((recovered.report, recovered.start))
+}
+
 impl Drop for Engine {
     fn drop(&mut self) {
         // Closing the queue stops the writer once it has answered everything queued.
@@ -188,62 +270,4 @@ impl Drop for Engine {
             }
         }
     }
-}
-
-fn open_database(path: &Path) -> Result<Database, OpenError> {
-    Database::builder().create(path).map_err(|e| match e {
-        DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
-            path: PathBuf::from(path),
-        },
-        source => OpenError::Database {
-            path: PathBuf::from(path),
-            source,
-        },
-    })
-}
-
-/// Creates every registered table, checks or writes the format version, and reads the fence
-/// counter. Returns the next fence to hand out.
-fn set_up(db: &Database, registry: &Registry) -> Result<u64, OpenError> {
-    let setup = |e: redb::Error| OpenError::Setup(e);
-    let txn = db.begin_write().map_err(|e| setup(e.into()))?;
-    for table in registry.tables() {
-        table.create(&txn).map_err(setup)?;
-    }
-    let next_fence = {
-        let mut meta = txn
-            .open_table(TableDefinition::<&[u8], &[u8]>::new(META))
-            .map_err(|e| setup(e.into()))?;
-        let format = meta
-            .get(META_FORMAT)
-            .map_err(|e| setup(e.into()))?
-            .map(|v| read_u32(v.value()));
-        match format {
-            Some(Some(found)) if found == FORMAT_VERSION => {}
-            Some(found) => {
-                return Err(OpenError::UnsupportedFormat {
-                    found: found.unwrap_or(u32::MAX),
-                    supported: FORMAT_VERSION,
-                });
-            }
-            None => {
-                meta.insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
-                    .map_err(|e| setup(e.into()))?;
-            }
-        }
-        meta.get(META_NEXT_FENCE)
-            .map_err(|e| setup(e.into()))?
-            .and_then(|v| read_u64(v.value()))
-            .unwrap_or(1)
-    };
-    txn.commit().map_err(|e| setup(e.into()))?;
-    Ok(next_fence)
-}
-
-fn read_u32(bytes: &[u8]) -> Option<u32> {
-    Some(u32::from_le_bytes(bytes.try_into().ok()?))
-}
-
-fn read_u64(bytes: &[u8]) -> Option<u64> {
-    Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }

@@ -25,6 +25,7 @@ pub(crate) type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// What the engine can do with a table without knowing its types.
 pub(crate) trait TableOps: Send + Sync + fmt::Debug {
+    fn name(&self) -> &str;
     /// `"K, V"` as redb names the types, for error messages and type checks.
     fn type_names(&self) -> String;
     /// Creates the table if it does not exist (fails if it exists with other types).
@@ -40,9 +41,17 @@ pub(crate) trait TableOps: Send + Sync + fmt::Debug {
     ) -> Result<RawEntries, redb::Error>;
     fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
     fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error>;
-    /// Applies puts and deletes, all for this table, in order.
-    fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error>;
+    /// Applies puts (`Some(value)`) and deletes (`None`), all for this table, in order.
+    fn apply(
+        &self,
+        txn: &WriteTransaction,
+        ops: &mut dyn Iterator<Item = RawOp<'_>>,
+    ) -> Result<(), redb::Error>;
 }
+
+/// A put (`Some(value)`) or delete (`None`) of one key, borrowed from a write set or a log
+/// frame.
+pub(crate) type RawOp<'a> = (&'a [u8], Option<&'a [u8]>);
 
 /// A registered `TableDefinition<K, V>`, with its types kept in the type parameters.
 struct Typed<K, V> {
@@ -67,6 +76,10 @@ pub(crate) fn type_names<K: Key + 'static, V: Value + 'static>() -> String {
 }
 
 impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     fn type_names(&self) -> String {
         type_names::<K, V>()
     }
@@ -110,15 +123,19 @@ impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
         Ok(txn.open_table(self.definition())?.len()?)
     }
 
-    fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error> {
+    fn apply(
+        &self,
+        txn: &WriteTransaction,
+        ops: &mut dyn Iterator<Item = RawOp<'_>>,
+    ) -> Result<(), redb::Error> {
         let mut table = txn.open_table(self.definition())?;
-        for op in ops {
-            match &op.value {
+        for (key, value) in ops {
+            match value {
                 Some(value) => {
-                    table.insert(K::from_bytes(&op.key), V::from_bytes(value))?;
+                    table.insert(K::from_bytes(key), V::from_bytes(value))?;
                 }
                 None => {
-                    table.remove(K::from_bytes(&op.key))?;
+                    table.remove(K::from_bytes(key))?;
                 }
             }
         }
@@ -188,7 +205,10 @@ impl Registry {
                 .iter()
                 .position(|op| op.table != first.table)
                 .unwrap_or(rest.len());
-            self.table(first.table).apply(txn, &rest[..run])?;
+            let mut ops = rest[..run]
+                .iter()
+                .map(|op| (op.key.as_slice(), op.value.as_deref()));
+            self.table(first.table).apply(txn, &mut ops)?;
             rest = &rest[run..];
         }
         Ok(())

@@ -9,19 +9,21 @@ use super::registry::{Internal, Registry, TableId};
 
 /// scope (encoded) → record (see `record.rs`).
 pub(crate) const RECORDS: &str = "idemstore.records";
-/// expires_at (u64 BE) ‖ scope → (): completed records by expiry, for eviction.
+/// expires_at (u64 BE) ‖ scope → empty: completed records by expiry, for eviction.
 pub(crate) const EXPIRY: &str = "idemstore.expiry";
-/// lease_until (u64 BE) ‖ scope → (): in-progress records by lease end, for abandoned work.
+/// lease_until (u64 BE) ‖ scope → empty: in-progress records by lease end, for abandoned work.
 pub(crate) const LEASES: &str = "idemstore.leases";
-/// name → value: format version, fence counter.
+/// name → value: format version, fence counter, log checkpoint.
 pub(crate) const META: &str = "idemstore.meta";
 
-/// Meta key: the store's format version (u32 LE).
+/// Meta key: the store's format version (u64 LE).
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
 /// Meta key: the next fence to hand out (u64 LE). Fences never repeat for the life of the file.
 pub(crate) const META_NEXT_FENCE: &[u8] = b"next_fence";
+/// Meta key: the sequence number of the last log frame durable in redb (u64 LE).
+pub(crate) const META_LOG_CHECKPOINT: &[u8] = b"log_checkpoint";
 
-/// The layout of records, indexes and meta this build writes.
+/// The layout of records, indexes, meta and log this build writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
 
 /// Ids of the store's own tables, fixed because they are registered first.

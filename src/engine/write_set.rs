@@ -32,10 +32,13 @@ pub(crate) enum Buffered<'a> {
 #[derive(Debug, Default)]
 pub(crate) struct WriteSet {
     ops: Vec<WriteOp>,
+    /// Key and value bytes written so far, for the per-request limit and the log frame size.
+    bytes: u64,
 }
 
 impl WriteSet {
     pub(crate) fn put(&mut self, table: TableId, key: &[u8], value: Vec<u8>) {
+        self.bytes += (key.len() + value.len()) as u64;
         self.ops.push(WriteOp {
             table,
             key: key.to_vec(),
@@ -44,6 +47,7 @@ impl WriteSet {
     }
 
     pub(crate) fn delete(&mut self, table: TableId, key: &[u8]) {
+        self.bytes += key.len() as u64;
         self.ops.push(WriteOp {
             table,
             key: key.to_vec(),
@@ -85,6 +89,11 @@ impl WriteSet {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Key and value bytes written so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
     }
 }
 

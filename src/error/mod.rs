@@ -5,12 +5,14 @@
 mod input;
 mod lifecycle;
 mod open;
+mod recovery;
 mod store;
 mod tx;
 
 pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
 pub use lifecycle::{BeginError, ClaimError, CommitError, StaleClaim, StaleReason, WriteError};
 pub use open::OpenError;
+pub use recovery::RecoveryError;
 pub use store::StoreError;
 pub use tx::{ReadError, TxError};
 

@@ -53,6 +53,27 @@ pub enum OpenError {
         /// The version this build reads and writes.
         supported: u32,
     },
+    /// The file is a redb database, but not an idemstore store.
+    #[error(
+        "{path} is a redb database that idemstore did not create (it has tables but no idemstore.meta); point the store at its own directory"
+    )]
+    NotAStore {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// The store's own metadata is damaged.
+    #[error(
+        "the store's metadata entry {key:?} is damaged ({detail}); the file was changed outside idemstore: restore it from a backup"
+    )]
+    CorruptMeta {
+        /// The meta key.
+        key: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The write-ahead log could not be replayed.
+    #[error(transparent)]
+    Recovery(#[from] super::RecoveryError),
     /// A table name is reserved or registered twice with different types.
     #[error("table {name:?} cannot be registered: {reason}")]
     BadTable {

@@ -9,11 +9,21 @@ use super::CorruptRecord;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// redb reported an error. If it came from a commit, the store is now poisoned.
+    /// redb reported an error before anything of the request reached the disk. If it came
+    /// from the writer, the store is now poisoned.
     #[error(
-        "storage error: {0}; the operation was not acknowledged, retry it or reopen the store if this repeats"
+        "storage error: {0}; the operation was not carried out; retry it, or reopen the store if this repeats"
     )]
     Redb(Arc<redb::Error>),
+    /// Making the request's group durable failed part way (a failed write or sync of the log or
+    /// of redb). The group may or may not have reached the disk; the store is now poisoned.
+    #[error(
+        "could not confirm that the request reached the disk ({cause}); it may or may not have. The store is poisoned: reopen it, then call begin for the key (a Replay means it landed). Do not blindly repeat a keyless write"
+    )]
+    OutcomeUnknown {
+        /// The I/O or commit failure.
+        cause: Arc<str>,
+    },
     /// A stored record could not be decoded.
     #[error(
         "the record for {scope} is corrupt ({source}); the file was changed outside idemstore or by a bug: restore it from a backup, or remove the key with the store's tools"

@@ -27,6 +27,16 @@ pub enum TxError {
         /// Key and value types of this access.
         requested: String,
     },
+    /// One request wrote more than the store accepts in a single request.
+    #[error(
+        "this request wrote {bytes} bytes, over the limit of {max} for one request; split the work into several writes"
+    )]
+    TooLarge {
+        /// Bytes written so far by the request, including this write.
+        bytes: u64,
+        /// The limit.
+        max: u64,
+    },
     /// redb reported an error reading the group's transaction.
     #[error("storage error reading table: {0}")]
     Storage(Arc<redb::Error>),

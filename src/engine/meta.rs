@@ -1,0 +1,108 @@
+//! The store's metadata: format version, fence counter, log checkpoint.
+//!
+//! A new file gets every entry at creation; an existing store must have every entry, well
+//! formed. A missing or damaged entry is a corrupt file, never a default: a fence counter that
+//! silently restarted at 1 would hand out fences (and downstream keys) that were used before.
+
+use std::path::Path;
+
+use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
+
+use crate::error::OpenError;
+
+use super::registry::Registry;
+use super::tables::{FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_NEXT_FENCE};
+
+const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);
+
+/// What the metadata says when the store opens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Meta {
+    /// The next fence to hand out.
+    pub(crate) next_fence: u64,
+    /// Sequence number of the last log frame that is durable in redb.
+    pub(crate) log_checkpoint: u64,
+}
+
+fn setup(e: impl Into<redb::Error>) -> OpenError {
+    OpenError::Setup(e.into())
+}
+
+/// Creates every registered table (a new file gets its metadata too) and checks the format.
+pub(crate) fn set_up(db: &Database, registry: &Registry, path: &Path) -> Result<Meta, OpenError> {
+    let txn = db.begin_write().map_err(setup)?;
+    let existing: Vec<String> = txn
+        .list_tables()
+        .map_err(setup)?
+        .map(|t| t.name().to_owned())
+        .collect();
+    let fresh = existing.is_empty();
+    if !fresh && !existing.iter().any(|name| name == META) {
+        return Err(OpenError::NotAStore {
+            path: path.to_path_buf(),
+        });
+    }
+    for table in registry.tables() {
+        table.create(&txn).map_err(setup)?;
+    }
+    if fresh {
+        let mut meta = txn.open_table(META_TABLE).map_err(setup)?;
+        put_u64(&mut meta, META_FORMAT, u64::from(FORMAT_VERSION))?;
+        put_u64(&mut meta, META_NEXT_FENCE, 1)?;
+        put_u64(&mut meta, META_LOG_CHECKPOINT, 0)?;
+    } else {
+        let format = read(&txn, META_FORMAT, "format_version")?;
+        if format != u64::from(FORMAT_VERSION) {
+            return Err(OpenError::UnsupportedFormat {
+                found: u32::try_from(format).unwrap_or(u32::MAX),
+                supported: FORMAT_VERSION,
+            });
+        }
+    }
+    txn.commit().map_err(setup)?;
+    load(db)
+}
+
+/// Reads the metadata (after a replay, which may have advanced the fence counter).
+pub(crate) fn load(db: &Database) -> Result<Meta, OpenError> {
+    let txn = db.begin_write().map_err(setup)?;
+    let meta = Meta {
+        next_fence: read(&txn, META_NEXT_FENCE, "next_fence")?,
+        log_checkpoint: read(&txn, META_LOG_CHECKPOINT, "log_checkpoint")?,
+    };
+    txn.abort().map_err(setup)?;
+    Ok(meta)
+}
+
+/// Records the log checkpoint inside `txn` (the checkpoint's own durable commit).
+pub(crate) fn set_log_checkpoint(txn: &WriteTransaction, seq: u64) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META_TABLE)?;
+    meta.insert(META_LOG_CHECKPOINT, seq.to_le_bytes().as_slice())?;
+    Ok(())
+}
+
+fn put_u64(table: &mut Table<'_, &[u8], &[u8]>, key: &[u8], value: u64) -> Result<(), OpenError> {
+    table
+        .insert(key, value.to_le_bytes().as_slice())
+        .map_err(setup)?;
+    Ok(())
+}
+
+fn read(txn: &WriteTransaction, key: &[u8], name: &'static str) -> Result<u64, OpenError> {
+    let meta = txn.open_table(META_TABLE).map_err(setup)?;
+    let value = meta
+        .get(key)
+        .map_err(setup)?
+        .ok_or(OpenError::CorruptMeta {
+            key: name,
+            detail: "missing".into(),
+        })?;
+    let bytes: [u8; 8] = value
+        .value()
+        .try_into()
+        .map_err(|_| OpenError::CorruptMeta {
+            key: name,
+            detail: format!("{} bytes where 8 are expected", value.value().len()),
+        })?;
+    Ok(u64::from_le_bytes(bytes))
+}

@@ -1,0 +1,74 @@
+//! Errors from replaying the write-ahead log at open.
+
+use std::path::PathBuf;
+
+/// The log could not be replayed; the store was not opened and nothing was changed except what
+/// replay had already applied (which is safe to apply again).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecoveryError {
+    /// A log file could not be read.
+    #[error("cannot read the log file {path}: {source}; check permissions and the disk")]
+    Io {
+        /// The file (or directory).
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The log is damaged before its end: valid frames follow a bad one, so dropping the bad
+    /// one would silently lose acknowledged writes.
+    #[error(
+        "the log is damaged in the middle, in {segment} at offset {offset}: {detail}. Writes after this point were acknowledged, so idemstore will not drop them silently: restore the store directory from a backup, or, to accept losing every write from this point on, move this segment and every later one out of the log directory and reopen"
+    )]
+    Corrupt {
+        /// The segment file.
+        segment: PathBuf,
+        /// Byte offset of the bad frame.
+        offset: u64,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Frames between the last checkpoint and the oldest segment are gone.
+    #[error(
+        "the log is missing frames {expected} and on: the oldest segment left, {segment}, starts at frame {found}; a segment file was removed. Restore the store directory from a backup"
+    )]
+    Missing {
+        /// The oldest segment found.
+        segment: PathBuf,
+        /// The first frame recovery needs.
+        expected: u64,
+        /// The first frame it found.
+        found: u64,
+    },
+    /// A frame writes a table that is not registered.
+    #[error(
+        "the log writes table {table:?} (frame {seq} in {segment} at offset {offset}), which is not registered; register it with Builder::table, with the key and value types it had, and reopen"
+    )]
+    UnknownTable {
+        /// The table's name.
+        table: String,
+        /// The frame's sequence number.
+        seq: u64,
+        /// The segment file.
+        segment: PathBuf,
+        /// Byte offset of the frame.
+        offset: u64,
+    },
+    /// A frame passed its checksum but its payload does not decode.
+    #[error(
+        "frame {seq} in {segment} at offset {offset} has a valid checksum but an unreadable payload ({detail}); it was written by an incompatible version: open the store with the version that wrote it"
+    )]
+    BadPayload {
+        /// The frame's sequence number.
+        seq: u64,
+        /// The segment file.
+        segment: PathBuf,
+        /// Byte offset of the frame.
+        offset: u64,
+        /// The decoder's message.
+        detail: String,
+    },
+    /// redb failed while replaying.
+    #[error("redb failed while replaying the log: {0}; reopen to retry (replay is safe to repeat)")]
+    Apply(#[source] redb::Error),
+}

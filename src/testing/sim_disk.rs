@@ -1,0 +1,522 @@
+//! A simulated disk that remembers what was synced, so a test can crash it at any operation.
+//!
+//! Every file keeps a *live* image (what the process reads back) and a *durable* image (what a
+//! crash keeps). Writes go to the live image and are remembered as pending; `sync_data` applies
+//! a file's pending writes to its durable image. A new file's directory entry is durable only
+//! after the directory is synced. A crash keeps the durable images, plus optionally a prefix,
+//! in whole 512-byte sectors, of the most recent unsynced write: the one in flight.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::storage::{LogDir, LogFile};
+
+const SECTOR: u64 = 512;
+
+/// Faults to inject, counted in mutating operations (writes, length changes and syncs of any
+/// file, and directory syncs), numbered from 1.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultPlan {
+    /// Operation `n` and every one after it fail: the machine lost power.
+    pub crash_at: Option<u64>,
+    /// Operation `n` fails once with an I/O error; the disk keeps working after it.
+    pub fail_at: Option<u64>,
+    /// The `n`-th sync since the disk was made (log and database together, as
+    /// [`DiskCounters::syncs`] counts them) fails once; its writes stay unsynced.
+    pub fail_sync: Option<u64>,
+}
+
+/// What a crash does to the write that was in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tear {
+    /// The unsynced write is lost entirely.
+    Drop,
+    /// Its first `n` sectors (cut at 512-byte sector boundaries of the file) reached the disk.
+    Sectors(u64),
+}
+
+/// What the disk has done since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskCounters {
+    /// Mutating operations (the numbering of [`FaultPlan`]).
+    pub ops: u64,
+    /// Bytes written, by file-name prefix: the log's files (`wal/`) and everything else.
+    pub log_bytes: u64,
+    /// Bytes written to the database file.
+    pub db_bytes: u64,
+    /// `sync_data` calls on log files.
+    pub log_syncs: u64,
+    /// `sync_data` calls on the database file.
+    pub db_syncs: u64,
+}
+
+impl DiskCounters {
+    /// Syncs of any file (the numbering of [`FaultPlan::fail_sync`]).
+    pub fn syncs(&self) -> u64 {
+        self.log_syncs + self.db_syncs
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Pending {
+    Write { offset: u64, data: Vec<u8> },
+    SetLen(u64),
+}
+
+#[derive(Debug, Clone, Default)]
+struct SimFile {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+    pending: Vec<Pending>,
+    /// Whether the file would still exist after a crash.
+    entry_durable: bool,
+}
+
+#[derive(Debug, Default)]
+struct DiskState {
+    files: BTreeMap<String, SimFile>,
+    plan: FaultPlan,
+    crashed: bool,
+    counters: DiskCounters,
+    /// The most recent write whose file has not been synced since: (file, offset, data).
+    in_flight: Option<(String, u64, Vec<u8>)>,
+}
+
+/// A simulated disk shared by a store's database and log. Clones are the same disk.
+#[derive(Clone, Default)]
+pub struct SimDisk {
+    state: Arc<Mutex<DiskState>>,
+}
+
+impl fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("SimDisk")
+            .field("files", &state.files.keys().collect::<Vec<_>>())
+            .field("counters", &state.counters)
+            .finish()
+    }
+}
+
+fn crash_error() -> io::Error {
+    io::Error::other("simulated crash: the disk is gone")
+}
+
+impl SimDisk {
+    /// An empty disk with no faults planned.
+    pub fn new() -> Self {
+        SimDisk::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, DiskState> {
+        // A panic while holding the lock can only come from a bug in this file; the state is
+        // still the best record of the disk, so keep using it.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Plans faults, counted from the operations done so far.
+    pub fn plan(&self, plan: FaultPlan) {
+        self.lock().plan = plan;
+    }
+
+    /// What the disk has done so far.
+    pub fn counters(&self) -> DiskCounters {
+        self.lock().counters
+    }
+
+    /// Whether a planned crash has happened.
+    pub fn crashed(&self) -> bool {
+        self.lock().crashed
+    }
+
+    /// The disk a reboot would find: durable images of durable files, plus `tear` of the write
+    /// that was in flight. The new disk has no faults planned.
+    pub fn crash_image(&self, tear: Tear) -> SimDisk {
+        let state = self.lock();
+        let mut files: BTreeMap<String, SimFile> = state
+            .files
+            .iter()
+            .filter(|(_, f)| f.entry_durable)
+            .map(|(name, f)| {
+                (
+                    name.clone(),
+                    SimFile {
+                        live: f.durable.clone(),
+                        durable: f.durable.clone(),
+                        pending: Vec::new(),
+                        entry_durable: true,
+                    },
+                )
+            })
+            .collect();
+        if let (Tear::Sectors(n), Some((name, offset, data))) = (tear, &state.in_flight) {
+            if let Some(file) = files.get_mut(name) {
+                // Keep whole sectors from the start of the write.
+                let first_boundary = (offset / SECTOR + 1) * SECTOR;
+                let keep_end = (first_boundary + (n.saturating_sub(1)) * SECTOR)
+                    .min(offset + data.len() as u64);
+                let keep = if n == 0 { 0 } else { keep_end - offset };
+                let keep = usize::try_from(keep).unwrap_or(usize::MAX).min(data.len());
+                apply_write(&mut file.live, *offset, &data[..keep]);
+                file.durable = file.live.clone();
+            }
+        }
+        SimDisk {
+            state: Arc::new(Mutex::new(DiskState {
+                files,
+                ..DiskState::default()
+            })),
+        }
+    }
+
+    /// Counts a mutating operation and applies the fault plan to it.
+    fn mutate(state: &mut DiskState) -> io::Result<()> {
+        if state.crashed {
+            return Err(crash_error());
+        }
+        state.counters.ops += 1;
+        let op = state.counters.ops;
+        if state.plan.crash_at.is_some_and(|at| op >= at) {
+            state.crashed = true;
+            return Err(crash_error());
+        }
+        if state.plan.fail_at == Some(op) {
+            return Err(io::Error::other(format!(
+                "injected I/O error at operation {op}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn read(&self, name: &str, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let state = self.lock();
+        if state.crashed {
+            return Err(crash_error());
+        }
+        let file = state.files.get(name).ok_or(io::ErrorKind::NotFound)?;
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
+        let src = file
+            .live
+            .get(start..start + out.len())
+            .ok_or(io::ErrorKind::UnexpectedEof)?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn len(&self, name: &str) -> io::Result<u64> {
+        let state = self.lock();
+        if state.crashed {
+            return Err(crash_error());
+        }
+        Ok(state.files.get(name).map_or(0, |f| f.live.len() as u64))
+    }
+
+    fn write(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut state = self.lock();
+        Self::mutate(&mut state)?;
+        if name.starts_with("wal/") {
+            state.counters.log_bytes += data.len() as u64;
+        } else {
+            state.counters.db_bytes += data.len() as u64;
+        }
+        let file = file_mut(&mut state, name);
+        apply_write(&mut file.live, offset, data);
+        file.pending.push(Pending::Write {
+            offset,
+            data: data.to_vec(),
+        });
+        state.in_flight = Some((name.to_owned(), offset, data.to_vec()));
+        Ok(())
+    }
+
+    fn set_len(&self, name: &str, len: u64) -> io::Result<()> {
+        let mut state = self.lock();
+        Self::mutate(&mut state)?;
+        let file = file_mut(&mut state, name);
+        file.live
+            .resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+        file.pending.push(Pending::SetLen(len));
+        Ok(())
+    }
+
+    fn sync(&self, name: &str) -> io::Result<()> {
+        let mut state = self.lock();
+        Self::mutate(&mut state)?;
+        if name.starts_with("wal/") {
+            state.counters.log_syncs += 1;
+        } else {
+            state.counters.db_syncs += 1;
+        }
+        if state.plan.fail_sync == Some(state.counters.syncs()) {
+            return Err(io::Error::other(format!(
+                "injected sync failure (sync {})",
+                state.counters.syncs()
+            )));
+        }
+        if let Some(file) = state.files.get_mut(name) {
+            for op in file.pending.drain(..) {
+                match op {
+                    Pending::Write { offset, data } => {
+                        apply_write(&mut file.durable, offset, &data)
+                    }
+                    Pending::SetLen(len) => {
+                        file.durable
+                            .resize(usize::try_from(len).unwrap_or(usize::MAX), 0);
+                    }
+                }
+            }
+        }
+        if state.in_flight.as_ref().is_some_and(|(n, _, _)| n == name) {
+            state.in_flight = None;
+        }
+        Ok(())
+    }
+
+    fn create(&self, name: &str) -> io::Result<()> {
+        let mut state = self.lock();
+        if state.crashed {
+            return Err(crash_error());
+        }
+        if state.files.contains_key(name) {
+            return Err(io::ErrorKind::AlreadyExists.into());
+        }
+        state.files.insert(name.to_owned(), SimFile::default());
+        Ok(())
+    }
+
+    fn sync_dir(&self, prefix: &str) -> io::Result<()> {
+        let mut state = self.lock();
+        Self::mutate(&mut state)?;
+        for (_, file) in state
+            .files
+            .iter_mut()
+            .filter(|(n, _)| n.starts_with(prefix))
+        {
+            file.entry_durable = true;
+        }
+        Ok(())
+    }
+
+    fn list(&self, prefix: &str) -> io::Result<Vec<String>> {
+        let state = self.lock();
+        if state.crashed {
+            return Err(crash_error());
+        }
+        Ok(state
+            .files
+            .keys()
+            .filter_map(|n| n.strip_prefix(prefix))
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// The live bytes of a file, for tests that damage a log on purpose.
+    pub fn file(&self, name: &str) -> Option<Vec<u8>> {
+        self.lock().files.get(name).map(|f| f.live.clone())
+    }
+
+    /// Replaces a file's live and durable bytes, for tests that damage a log on purpose.
+    pub fn set_file(&self, name: &str, bytes: Vec<u8>) {
+        let mut state = self.lock();
+        let file = state.files.entry(name.to_owned()).or_default();
+        file.live = bytes.clone();
+        file.durable = bytes;
+        file.pending.clear();
+        file.entry_durable = true;
+    }
+
+    /// Names of every file on the disk.
+    pub fn files(&self) -> Vec<String> {
+        self.lock().files.keys().cloned().collect()
+    }
+
+    pub(crate) fn backend(&self, name: &str) -> SimBackend {
+        SimBackend {
+            disk: self.clone(),
+            name: name.to_owned(),
+        }
+    }
+
+    pub(crate) fn log_dir(&self, dir: &str) -> SimLogDir {
+        SimLogDir {
+            disk: self.clone(),
+            prefix: format!("{dir}/"),
+        }
+    }
+}
+
+/// The file called `name`, created if absent. Log files are created through their directory,
+/// whose entry needs a directory sync; the database file (opened by redb, which cannot sync a
+/// directory) is taken to exist durably from its first write, as a pre-existing file would.
+fn file_mut<'a>(state: &'a mut DiskState, name: &str) -> &'a mut SimFile {
+    state
+        .files
+        .entry(name.to_owned())
+        .or_insert_with(|| SimFile {
+            entry_durable: !name.starts_with("wal/"),
+            ..SimFile::default()
+        })
+}
+
+fn apply_write(image: &mut Vec<u8>, offset: u64, data: &[u8]) {
+    let start = usize::try_from(offset).unwrap_or(usize::MAX);
+    let end = start.saturating_add(data.len());
+    if image.len() < end {
+        image.resize(end, 0);
+    }
+    image[start..end].copy_from_slice(data);
+}
+
+/// The database file on a [`SimDisk`], as redb sees it.
+#[derive(Debug)]
+pub(crate) struct SimBackend {
+    disk: SimDisk,
+    name: String,
+}
+
+impl redb::StorageBackend for SimBackend {
+    fn len(&self) -> Result<u64, io::Error> {
+        self.disk.len(&self.name)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        self.disk.read(&self.name, offset, out)
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        self.disk.set_len(&self.name, len)
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        self.disk.sync(&self.name)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        self.disk.write(&self.name, offset, data)
+    }
+}
+
+/// The log directory on a [`SimDisk`].
+#[derive(Debug)]
+pub(crate) struct SimLogDir {
+    disk: SimDisk,
+    prefix: String,
+}
+
+impl LogDir for SimLogDir {
+    fn list(&self) -> io::Result<Vec<String>> {
+        self.disk.list(&self.prefix)
+    }
+
+    fn open(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
+        let path = format!("{}{name}", self.prefix);
+        if !self.disk.files().contains(&path) {
+            return Err(io::ErrorKind::NotFound.into());
+        }
+        Ok(Box::new(SimLogFile {
+            disk: self.disk.clone(),
+            name: path,
+        }))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
+        let path = format!("{}{name}", self.prefix);
+        self.disk.create(&path)?;
+        Ok(Box::new(SimLogFile {
+            disk: self.disk.clone(),
+            name: path,
+        }))
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.disk.sync_dir(&self.prefix)
+    }
+}
+
+#[derive(Debug)]
+struct SimLogFile {
+    disk: SimDisk,
+    name: String,
+}
+
+impl LogFile for SimLogFile {
+    fn len(&self) -> io::Result<u64> {
+        self.disk.len(&self.name)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.disk.read(&self.name, offset, buf)
+    }
+
+    fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.disk.write(&self.name, offset, data)
+    }
+
+    fn sync_data(&mut self) -> io::Result<()> {
+        self.disk.sync(&self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_crash_keeps_synced_bytes_and_tears_the_write_in_flight_at_sectors() -> io::Result<()> {
+        let disk = SimDisk::new();
+        let dir = disk.log_dir("wal");
+        let mut file = dir.create("a")?;
+        file.write_at(0, &[1; 600])?;
+        file.sync_data()?;
+        dir.sync()?;
+        file.write_at(600, &[2; 1000])?; // covers sectors [512,1024) [1024,1536) [1536,2048)
+
+        let lost = disk.crash_image(Tear::Drop);
+        assert_eq!(lost.file("wal/a"), Some(vec![1; 600]));
+
+        let torn = disk.crash_image(Tear::Sectors(2));
+        let bytes = torn.file("wal/a").ok_or(io::ErrorKind::NotFound)?;
+        assert_eq!(
+            bytes.len(),
+            1536,
+            "up to the end of the second sector touched"
+        );
+        assert!(bytes[600..].iter().all(|&b| b == 2));
+        Ok(())
+    }
+
+    #[test]
+    fn an_unsynced_directory_entry_does_not_survive() -> io::Result<()> {
+        let disk = SimDisk::new();
+        let dir = disk.log_dir("wal");
+        let mut file = dir.create("a")?;
+        file.write_at(0, b"data")?;
+        file.sync_data()?;
+        assert_eq!(disk.crash_image(Tear::Drop).files(), Vec::<String>::new());
+        dir.sync()?;
+        assert_eq!(
+            disk.crash_image(Tear::Drop).files(),
+            vec!["wal/a".to_owned()]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn planned_faults_fire_at_their_operation() {
+        let disk = SimDisk::new();
+        disk.plan(FaultPlan {
+            crash_at: Some(3),
+            fail_at: Some(1),
+            fail_sync: None,
+        });
+        assert!(disk.write("x", 0, b"1").is_err(), "op 1 fails once");
+        assert!(disk.write("x", 0, b"2").is_ok());
+        assert!(disk.sync("x").is_err(), "op 3 crashes");
+        assert!(disk.crashed());
+        assert!(disk.write("x", 0, b"3").is_err(), "everything after fails");
+    }
+}

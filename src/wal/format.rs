@@ -1,0 +1,362 @@
+//! The log's bytes: segment header, frame, and the scan that reads a segment back.
+//!
+//! This module owns the format documented in `docs/design.md` ("The write-ahead log") and is
+//! pure: it works on byte slices, never on files, so the fuzzer can drive it directly. It must
+//! never return a frame that follows a bad one.
+//!
+//! ```text
+//! segment header, 64 bytes, little-endian:
+//!   0  8  magic b"idemwal\0"
+//!   8  4  format version (1)
+//!  12  4  header length (64)
+//!  16  8  segment number: unique per activation of a file, mixed into every frame's CRC
+//!  24  8  sequence number of the segment's first frame
+//!  32  4  CRC-32 of bytes 0..32
+//!  36 28  zero
+//! frame, from offset 64 on, back to back:
+//!   0  4  payload length n (1 ..= 1 GiB)
+//!   4  4  CRC-32 of: segment number (8, LE) ‖ n (4, LE) ‖ sequence number (8, LE) ‖ payload
+//!   8  8  sequence number
+//!  16  n  payload (postcard, see `Payload`)
+//! ```
+//!
+//! Mixing the segment number into the CRC is what makes recycled segments safe: the frames a
+//! file held in its previous life fail the CRC under its new number, so they read as the end of
+//! the log, never as data.
+
+use serde::{Deserialize, Serialize};
+
+/// First bytes of every segment.
+pub(crate) const MAGIC: [u8; 8] = *b"idemwal\0";
+/// The log format this build writes and reads.
+pub(crate) const LOG_VERSION: u32 = 1;
+/// Bytes before the first frame.
+pub(crate) const HEADER_LEN: usize = 64;
+/// Bytes before a frame's payload.
+pub(crate) const FRAME_HEADER_LEN: usize = 16;
+/// Largest payload a frame may carry.
+pub(crate) const MAX_PAYLOAD: usize = 1 << 30;
+/// The sector size crashes tear at; frames need no alignment, this is for reports and tests.
+pub(crate) const SECTOR: usize = 512;
+
+/// What a segment's header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    pub(crate) number: u64,
+    pub(crate) first_seq: u64,
+}
+
+impl SegmentHeader {
+    pub(crate) fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0..8].copy_from_slice(&MAGIC);
+        out[8..12].copy_from_slice(&LOG_VERSION.to_le_bytes());
+        out[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&self.number.to_le_bytes());
+        out[24..32].copy_from_slice(&self.first_seq.to_le_bytes());
+        let crc = crc32fast::hash(&out[0..32]);
+        out[32..36].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// The header, if `bytes` starts with a valid one.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<SegmentHeader, HeaderProblem> {
+        let header = bytes.get(..HEADER_LEN).ok_or(HeaderProblem::Short)?;
+        if header[0..8] != MAGIC {
+            return Err(HeaderProblem::NotALogSegment);
+        }
+        let stored_crc = u32::from_le_bytes(le(&header[32..36]));
+        if crc32fast::hash(&header[0..32]) != stored_crc {
+            return Err(HeaderProblem::Checksum);
+        }
+        let version = u32::from_le_bytes(le(&header[8..12]));
+        if version != LOG_VERSION {
+            return Err(HeaderProblem::Version(version));
+        }
+        Ok(SegmentHeader {
+            number: u64::from_le_bytes(le(&header[16..24])),
+            first_seq: u64::from_le_bytes(le(&header[24..32])),
+        })
+    }
+}
+
+/// Why a segment header was not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HeaderProblem {
+    /// Fewer than 64 bytes.
+    Short,
+    /// The magic bytes are wrong: not a segment, or a header torn before it was ever synced.
+    NotALogSegment,
+    /// The header's CRC does not match: torn while being rewritten for reuse.
+    Checksum,
+    /// A valid header of another format version.
+    Version(u32),
+}
+
+/// Copies a slice of known length into an array (the callers slice exactly N bytes).
+fn le<const N: usize>(bytes: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&bytes[..N]);
+    out
+}
+
+fn frame_crc(number: u64, len: u32, seq: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&number.to_le_bytes());
+    hasher.update(&len.to_le_bytes());
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// Appends one frame (header and payload) to `out`.
+pub(crate) fn encode_frame(out: &mut Vec<u8>, number: u64, seq: u64, payload: &[u8]) {
+    // Payloads are bounded by MAX_PAYLOAD (checked by the writer before encoding).
+    let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&frame_crc(number, len, seq, payload).to_le_bytes());
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(payload);
+}
+
+/// One frame found by a scan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame<'a> {
+    /// Offset of the frame's header in the segment.
+    pub(crate) offset: usize,
+    pub(crate) seq: u64,
+    pub(crate) payload: &'a [u8],
+}
+
+impl Frame<'_> {
+    pub(crate) fn end(&self) -> usize {
+        self.offset + FRAME_HEADER_LEN + self.payload.len()
+    }
+}
+
+/// The frame starting at `offset`, if a valid one does (right segment number, CRC matches).
+pub(crate) fn frame_at(bytes: &[u8], offset: usize, number: u64) -> Option<Frame<'_>> {
+    let head = bytes.get(offset..offset.checked_add(FRAME_HEADER_LEN)?)?;
+    let len = u32::from_le_bytes(le(&head[0..4]));
+    let crc = u32::from_le_bytes(le(&head[4..8]));
+    let seq = u64::from_le_bytes(le(&head[8..16]));
+    let n = usize::try_from(len).ok()?;
+    if n == 0 || n > MAX_PAYLOAD {
+        return None;
+    }
+    let start = offset + FRAME_HEADER_LEN;
+    let payload = bytes.get(start..start.checked_add(n)?)?;
+    (frame_crc(number, len, seq, payload) == crc).then_some(Frame {
+        offset,
+        seq,
+        payload,
+    })
+}
+
+/// Where a scan of one segment stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The segment ends exactly after the last frame.
+    EndOfFile,
+    /// No valid frame at `offset`: either the end of what was written (zeros, or bytes of the
+    /// file's previous life) or a torn or damaged frame. The caller decides which, by looking
+    /// for valid frames after it ([`later_frame`]).
+    Invalid { offset: usize },
+}
+
+/// The frames of one segment, read from the start, stopping at the first invalid one or the
+/// first whose sequence number breaks the run (`first_seq`, `first_seq + 1`, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Scan<'a> {
+    pub(crate) header: SegmentHeader,
+    pub(crate) frames: Vec<Frame<'a>>,
+    pub(crate) stop: Stop,
+}
+
+/// Reads a segment's frames in order. Never returns a frame after an invalid one.
+pub(crate) fn scan(bytes: &[u8]) -> Result<Scan<'_>, HeaderProblem> {
+    let header = SegmentHeader::decode(bytes)?;
+    let mut frames = Vec::new();
+    let mut offset = HEADER_LEN;
+    let mut expected = header.first_seq;
+    let stop = loop {
+        if offset == bytes.len() {
+            break Stop::EndOfFile;
+        }
+        match frame_at(bytes, offset, header.number) {
+            Some(frame) if frame.seq == expected => {
+                offset = frame.end();
+                expected = expected.wrapping_add(1);
+                frames.push(frame);
+            }
+            _ => break Stop::Invalid { offset },
+        }
+    };
+    Ok(Scan {
+        header,
+        frames,
+        stop,
+    })
+}
+
+/// The first valid frame of this segment that starts after `offset`, if any: a frame written
+/// after a bad one, which means the bad one is damage in the middle of the log, not a torn tail.
+///
+/// Only one frame is ever unsynced at a time (the writer syncs each frame before writing the
+/// next), so a crash can tear the last frame but never leave a valid frame behind a torn one.
+pub(crate) fn later_frame(
+    bytes: &[u8],
+    offset: usize,
+    number: u64,
+    min_seq: u64,
+) -> Option<Frame<'_>> {
+    (offset + 1..bytes.len().saturating_sub(FRAME_HEADER_LEN))
+        .filter_map(|at| frame_at(bytes, at, number))
+        .find(|frame| frame.seq >= min_seq)
+}
+
+/// How many bytes a torn or damaged frame at `offset` occupies: its declared extent when that
+/// fits in the segment, else up to the end of the sector it starts in.
+pub(crate) fn damaged_len(bytes: &[u8], offset: usize) -> usize {
+    let declared = bytes
+        .get(offset..offset + 4)
+        .map(|b| u32::from_le_bytes(le(b)) as usize)
+        .filter(|&n| n > 0 && n <= MAX_PAYLOAD)
+        .map(|n| FRAME_HEADER_LEN + n)
+        .filter(|&n| offset + n <= bytes.len());
+    declared.unwrap_or_else(|| {
+        let sector_end = (offset / SECTOR + 1) * SECTOR;
+        sector_end.min(bytes.len()) - offset
+    })
+}
+
+/// The payload of one frame: every write of one group, tables named, not numbered, so a log
+/// replays into a store whose tables were registered in another order.
+///
+/// postcard encoding: `varint(#tables)`, each table `varint(len) ‖ UTF-8`; `varint(#ops)`, each
+/// op `varint(table index) ‖ varint(len) ‖ key ‖ (0 | 1 ‖ varint(len) ‖ value)` where the
+/// option tag 0 is a delete and 1 a put.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Payload<'a> {
+    #[serde(borrow)]
+    pub(crate) tables: Vec<&'a str>,
+    #[serde(borrow)]
+    pub(crate) ops: Vec<PayloadOp<'a>>,
+}
+
+/// One put or delete inside a [`Payload`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct PayloadOp<'a> {
+    /// Index into [`Payload::tables`].
+    pub(crate) table: u16,
+    #[serde(borrow)]
+    pub(crate) key: &'a [u8],
+    /// `None` deletes the key.
+    #[serde(borrow)]
+    pub(crate) value: Option<&'a [u8]>,
+}
+
+impl<'a> Payload<'a> {
+    pub(crate) fn decode(bytes: &'a [u8]) -> Result<Payload<'a>, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn segment(number: u64, first_seq: u64, payloads: &[&[u8]]) -> Vec<u8> {
+        let mut bytes = SegmentHeader { number, first_seq }.encode().to_vec();
+        for (i, p) in payloads.iter().enumerate() {
+            encode_frame(&mut bytes, number, first_seq + i as u64, p);
+        }
+        bytes
+    }
+
+    #[test]
+    fn frames_round_trip_and_stop_at_zeros() {
+        let mut bytes = segment(7, 100, &[b"one", b"two", b"three"]);
+        let written = bytes.len();
+        bytes.resize(4096, 0);
+        let scan = scan(&bytes).expect("valid header");
+        assert_eq!(
+            scan.header,
+            SegmentHeader {
+                number: 7,
+                first_seq: 100
+            }
+        );
+        let seen: Vec<_> = scan.frames.iter().map(|f| (f.seq, f.payload)).collect();
+        assert_eq!(
+            seen,
+            vec![(100, &b"one"[..]), (101, b"two"), (102, b"three")]
+        );
+        assert_eq!(scan.stop, Stop::Invalid { offset: written });
+        assert_eq!(later_frame(&bytes, written, 7, 103), None);
+    }
+
+    #[test]
+    fn frames_of_a_previous_life_are_not_data() {
+        let old = segment(1, 10, &[b"old-a", b"old-b", b"old-c"]);
+        // Reused under number 2: a new header and one new frame over the old bytes.
+        let mut bytes = old.clone();
+        let mut fresh = segment(2, 50, &[b"new"]);
+        let end = fresh.len();
+        fresh.extend_from_slice(&old[end..]);
+        bytes[..fresh.len()].copy_from_slice(&fresh);
+        let scan = scan(&bytes).expect("valid header");
+        assert_eq!(scan.frames.len(), 1);
+        assert_eq!(
+            later_frame(&bytes, end, 2, 51),
+            None,
+            "old frames fail the new CRC"
+        );
+    }
+
+    #[test]
+    fn a_damaged_frame_followed_by_a_valid_one_is_found() {
+        let mut bytes = segment(3, 1, &[b"aaaa", b"bbbb", b"cccc"]);
+        let second = HEADER_LEN + FRAME_HEADER_LEN + 4;
+        bytes[second + FRAME_HEADER_LEN] ^= 0xff; // flip a payload byte of frame 2
+        let scan = scan(&bytes).expect("valid header");
+        assert_eq!(scan.frames.len(), 1);
+        assert_eq!(scan.stop, Stop::Invalid { offset: second });
+        let later = later_frame(&bytes, second, 3, 2).expect("frame 3 is intact");
+        assert_eq!(later.seq, 3);
+        assert_eq!(damaged_len(&bytes, second), FRAME_HEADER_LEN + 4);
+    }
+
+    #[test]
+    fn a_torn_header_is_refused() {
+        let bytes = segment(3, 1, &[b"x"]);
+        for len in 0..HEADER_LEN {
+            assert!(SegmentHeader::decode(&bytes[..len]).is_err());
+        }
+        let mut torn = bytes.clone();
+        torn[20] ^= 1;
+        assert_eq!(SegmentHeader::decode(&torn), Err(HeaderProblem::Checksum));
+    }
+
+    #[test]
+    fn payload_round_trips_borrowing_its_bytes() -> Result<(), postcard::Error> {
+        let payload = Payload {
+            tables: vec!["idemstore.records", "orders"],
+            ops: vec![
+                PayloadOp {
+                    table: 1,
+                    key: b"k",
+                    value: Some(b"v"),
+                },
+                PayloadOp {
+                    table: 0,
+                    key: b"gone",
+                    value: None,
+                },
+            ],
+        };
+        let bytes = postcard::to_stdvec(&payload)?;
+        assert_eq!(Payload::decode(&bytes)?, payload);
+        Ok(())
+    }
+}

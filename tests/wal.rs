@@ -1,0 +1,324 @@
+//! The write-ahead log on a simulated disk: what survives a crash, what is dropped, what is
+//! refused.
+
+mod common;
+
+use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
+use idemstore::testing::{FaultPlan, SimDisk, Tear};
+use idemstore::{
+    Begin, Durability, ManualClock, OpenError, RecordState, RecoveryError, Response, Store,
+    StoreError,
+};
+
+fn open(disk: &SimDisk, clock: &ManualClock) -> Result<Store, OpenError> {
+    builder(clock)
+        .log_segment_bytes(64 * 1024)
+        .checkpoint_bytes(1 << 30)
+        .open_simulated(disk)
+}
+
+/// Claims and commits `key` with a business row and a response of `size` bytes.
+fn order(store: &Store, key: &str, size: usize) -> TestResult {
+    let Begin::Claimed(claim) = store.begin(&scope(key), fp("req"))? else {
+        return Err(format!("{key}: expected Claimed").into());
+    };
+    let row = format!("order-{key}");
+    claim.commit(move |tx| {
+        tx.insert(&ORDERS, row.as_str(), "paid")?;
+        Ok(Response::new(201, vec![b'x'; size]))
+    })?;
+    Ok(())
+}
+
+fn is_replay(store: &Store, key: &str) -> Result<bool, Box<dyn std::error::Error>> {
+    Ok(matches!(
+        store.begin(&scope(key), fp("req"))?,
+        Begin::Replay(_)
+    ))
+}
+
+#[test]
+fn acknowledged_commits_survive_a_crash_by_replay() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    for i in 0..20 {
+        order(&store, &format!("k{i}"), 100)?;
+    }
+    assert_eq!(store.stats().checkpoints, 0);
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+
+    let store = open(&image, &clock)?;
+    let report = store.recovery_report().clone();
+    assert_eq!(
+        report.frames_replayed, 40,
+        "20 claims and 20 commits: {report:?}"
+    );
+    assert_eq!(report.torn_tail, None);
+    for i in 0..20 {
+        assert!(is_replay(&store, &format!("k{i}"))?, "k{i} lost");
+    }
+    assert_eq!(order_count(&store)?, 20);
+    drop(store);
+
+    // Recovery checkpointed: the next open has nothing to replay.
+    let store = open(&image, &clock)?;
+    assert_eq!(store.recovery_report().frames_replayed, 0);
+    Ok(())
+}
+
+#[test]
+fn after_a_checkpoint_there_is_nothing_to_replay() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    for i in 0..5 {
+        order(&store, &format!("k{i}"), 100)?;
+    }
+    store.checkpoint()?;
+    order(&store, "after", 100)?;
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let store = open(&image, &clock)?;
+    assert_eq!(
+        store.recovery_report().frames_replayed,
+        2,
+        "only the frames after the checkpoint"
+    );
+    assert!(is_replay(&store, "k0")? && is_replay(&store, "after")?);
+    Ok(())
+}
+
+#[test]
+fn a_torn_frame_at_the_tail_is_dropped_and_reported() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    order(&store, "before", 100)?;
+    let Begin::Claimed(claim) = store.begin(&scope("torn"), fp("req"))? else {
+        return Err("expected Claimed".into());
+    };
+    // The next operation is the frame's write, the one after it its sync: crash at the sync.
+    let ops = disk.counters().ops;
+    disk.plan(FaultPlan {
+        crash_at: Some(ops + 2),
+        ..FaultPlan::default()
+    });
+    let err = claim
+        .commit(|tx| {
+            tx.insert(&ORDERS, "torn-row", "x")?;
+            Ok(Response::new(201, vec![b'y'; 3000]))
+        })
+        .err()
+        .ok_or("a commit whose sync crashed succeeded")?;
+    assert!(
+        matches!(
+            err,
+            idemstore::CommitError::Store(StoreError::OutcomeUnknown { .. })
+        ),
+        "{err}"
+    );
+
+    // The frame's first sector reached the disk, the rest did not.
+    let image = disk.crash_image(Tear::Sectors(1));
+    drop(store);
+    let store = open(&image, &clock)?;
+    let report = store.recovery_report().clone();
+    let (segment, _) = report
+        .torn_tail
+        .clone()
+        .ok_or("the torn frame should be reported")?;
+    assert!(segment.starts_with("seg-"), "{report:?}");
+    assert!(report.bytes_dropped > 3000, "{report:?}");
+    assert!(is_replay(&store, "before")?);
+    // The unacknowledged commit is not half-applied: still in progress, and no row.
+    assert!(matches!(
+        store.get(&scope("torn"))?.map(|r| r.state().clone()),
+        Some(RecordState::InProgress { .. })
+    ));
+    assert_eq!(order_count(&store)?, 1);
+    Ok(())
+}
+
+#[test]
+fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    for i in 0..6 {
+        order(&store, &format!("k{i}"), 100)?;
+    }
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let segment = image
+        .files()
+        .into_iter()
+        .find(|f| f.starts_with("wal/seg-"))
+        .ok_or("no log segment")?;
+    let mut bytes = image.file(&segment).ok_or("segment vanished")?;
+    // A byte inside the second frame's payload (frames start at 64; the first is a claim).
+    let second = 64 + 16 + u32::from_le_bytes(bytes[64..68].try_into()?) as usize;
+    bytes[second + 20] ^= 0x5a;
+    image.set_file(&segment, bytes);
+
+    let err = open(&image, &clock).err().ok_or("a damaged log opened")?;
+    match &err {
+        OpenError::Recovery(RecoveryError::Corrupt {
+            segment: path,
+            offset,
+            ..
+        }) => {
+            assert!(path.ends_with(segment.trim_start_matches("wal/")), "{err}");
+            assert_eq!(*offset, second as u64);
+        }
+        other => return Err(format!("expected Corrupt, got {other:?}").into()),
+    }
+    assert!(
+        err.to_string()
+            .contains("restore the store directory from a backup"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_log_that_writes_an_unregistered_table_fails_clearly() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    order(&store, "k", 10)?;
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let err = Store::builder()
+        .clock(clock.clone())
+        .open_simulated(&image)
+        .err()
+        .ok_or("a log naming an unregistered table replayed")?;
+    assert!(
+        matches!(&err, OpenError::Recovery(RecoveryError::UnknownTable { table, .. }) if table == "orders"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_failed_sync_fails_the_group_poisons_the_store_and_a_reopen_keeps_what_was_acknowledged()
+-> TestResult {
+    for durability in [Durability::Wal, Durability::Redb] {
+        let disk = SimDisk::new();
+        let clock = clock();
+        let store = builder(&clock)
+            .durability(durability)
+            .open_simulated(&disk)?;
+        for i in 0..5 {
+            order(&store, &format!("k{i}"), 100)?;
+        }
+        let Begin::Claimed(claim) = store.begin(&scope("failing"), fp("req"))? else {
+            return Err("expected Claimed".into());
+        };
+        // Fail the first sync of the commit's group, once; the disk itself keeps working.
+        let next_sync = disk.counters().syncs() + 1;
+        disk.plan(FaultPlan {
+            fail_sync: Some(next_sync),
+            ..FaultPlan::default()
+        });
+        let err = claim
+            .commit(|tx| {
+                tx.insert(&ORDERS, "failing-row", "x")?;
+                Ok(Response::new(201, b"never acknowledged".to_vec()))
+            })
+            .err()
+            .ok_or("a commit whose sync failed succeeded")?;
+        assert!(
+            matches!(
+                err,
+                idemstore::CommitError::Store(StoreError::OutcomeUnknown { .. })
+            ),
+            "{durability:?}: {err}"
+        );
+        // Poisoned: later calls fail clearly, reads included.
+        let later = store
+            .begin(&scope("k0"), fp("req"))
+            .err()
+            .ok_or("poisoned store answered")?;
+        assert!(later.to_string().contains("poisoned"), "{later}");
+        // What a reboot now would find: only what was synced.
+        let image = disk.crash_image(Tear::Drop);
+        drop(store);
+
+        let store = builder(&clock)
+            .durability(durability)
+            .open_simulated(&image)?;
+        for i in 0..5 {
+            assert!(
+                is_replay(&store, &format!("k{i}"))?,
+                "{durability:?}: k{i} lost"
+            );
+        }
+        // The failed commit left the claim in progress or, if its bytes did land, completed
+        // with its row; never one without the other.
+        let record = store
+            .get(&scope("failing"))?
+            .ok_or("the acknowledged claim was lost")?;
+        let row = store.read()?.open_table(ORDERS).map(|t| {
+            idemstore::redb::ReadableTable::get(&t, "failing-row").map(|v| v.is_some())
+        })??;
+        match record.state() {
+            RecordState::InProgress { .. } => assert!(!row, "{durability:?}: row without record"),
+            RecordState::Completed { .. } => assert!(row, "{durability:?}: record without row"),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn segments_are_reused_after_checkpoints() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = builder(&clock)
+        .log_segment_bytes(64 * 1024)
+        .checkpoint_bytes(128 * 1024)
+        .open_simulated(&disk)?;
+    for i in 0..300 {
+        order(&store, &format!("k{i}"), 1000)?;
+    }
+    let stats = store.stats();
+    assert!(stats.log_bytes > 400 * 1024, "{stats:?}");
+    assert!(stats.checkpoints >= 3, "{stats:?}");
+    let segments = disk
+        .files()
+        .iter()
+        .filter(|f| f.starts_with("wal/"))
+        .count();
+    assert!(
+        segments <= 5,
+        "{segments} segments for {} log bytes",
+        stats.log_bytes
+    );
+
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let store = open(&image, &clock)?;
+    assert!(store.recovery_report().frames_replayed < 600);
+    for i in 0..300 {
+        assert!(is_replay(&store, &format!("k{i}"))?, "k{i} lost");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_store_last_opened_with_the_log_replays_it_when_reopened_without() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    order(&store, "k", 10)?;
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let store = builder(&clock)
+        .durability(Durability::Redb)
+        .open_simulated(&image)?;
+    assert_eq!(store.recovery_report().frames_replayed, 2);
+    assert!(is_replay(&store, "k")?);
+    Ok(())
+}
