@@ -18,6 +18,10 @@ pub(crate) use dir::FsLogDir;
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";
+/// Where a new database file is built before it is renamed to [`DB_FILE`]: a crash while redb
+/// initializes a file can leave it unreadable, so the final name only ever names a complete
+/// database.
+pub(crate) const DB_CREATING: &str = "idemstore.redb.creating";
 /// The log's directory inside the store's directory.
 pub(crate) const LOG_DIR: &str = "wal";
 
@@ -64,23 +68,59 @@ impl fmt::Debug for Storage {
 }
 
 impl Storage {
-    /// Opens (creating if absent) the redb database.
+    /// Opens the redb database, creating it first if absent (under a temporary name, renamed
+    /// into place once redb has initialized it).
     pub(crate) fn database(&self) -> Result<Database, OpenError> {
         match self {
             Storage::Directory(dir) => {
-                std::fs::create_dir_all(dir).map_err(|source| OpenError::Io {
-                    path: dir.clone(),
-                    source,
-                })?;
+                let io = |path: &Path| {
+                    let path = path.to_path_buf();
+                    move |source| OpenError::Io { path, source }
+                };
+                std::fs::create_dir_all(dir).map_err(io(dir))?;
                 let path = dir.join(DB_FILE);
+                if !path.exists() {
+                    let creating = dir.join(DB_CREATING);
+                    match std::fs::remove_file(&creating) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                            return Err(io(&creating)(e));
+                        }
+                        _ => {}
+                    }
+                    drop(
+                        Database::builder()
+                            .create(&creating)
+                            .map_err(|e| database_error(&creating, e))?,
+                    );
+                    std::fs::rename(&creating, &path).map_err(io(&path))?;
+                    std::fs::File::open(dir)
+                        .and_then(|d| d.sync_all())
+                        .map_err(io(dir))?;
+                }
                 Database::builder()
                     .create(&path)
                     .map_err(|e| database_error(&path, e))
             }
             #[cfg(feature = "testing")]
-            Storage::Simulated(disk) => Database::builder()
-                .create_with_backend(disk.backend(DB_FILE))
-                .map_err(|e| database_error(Path::new(DB_FILE), e)),
+            Storage::Simulated(disk) => {
+                let io = |source| OpenError::Io {
+                    path: PathBuf::from(DB_FILE),
+                    source,
+                };
+                if !disk.exists(DB_FILE) {
+                    disk.remove(DB_CREATING);
+                    drop(
+                        Database::builder()
+                            .create_with_backend(disk.backend(DB_CREATING))
+                            .map_err(|e| database_error(Path::new(DB_CREATING), e))?,
+                    );
+                    disk.rename(DB_CREATING, DB_FILE).map_err(io)?;
+                    disk.sync_dir("").map_err(io)?;
+                }
+                Database::builder()
+                    .create_with_backend(disk.backend(DB_FILE))
+                    .map_err(|e| database_error(Path::new(DB_FILE), e))
+            }
         }
     }
 

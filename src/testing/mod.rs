@@ -3,6 +3,10 @@
 //! [`SimDisk`] runs a store on simulated storage that can crash at any operation; the bodies of
 //! the fuzz targets live here too, so a seeded test runs them on stable.
 
+mod crash;
 mod sim_disk;
+mod workload;
 
+pub use crash::{CaseReport, CrashCase, CrashOp, Fault, Violation, run_case};
 pub use sim_disk::{DiskCounters, FaultPlan, SimDisk, Tear};
+pub use workload::{Rng, workload};

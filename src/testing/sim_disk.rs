@@ -288,16 +288,44 @@ impl SimDisk {
         Ok(())
     }
 
-    fn sync_dir(&self, prefix: &str) -> io::Result<()> {
+    /// Makes the entries of directory `prefix` durable (`""` is the top directory, whose
+    /// entries have no `/`).
+    pub(crate) fn sync_dir(&self, prefix: &str) -> io::Result<()> {
         let mut state = self.lock();
         Self::mutate(&mut state)?;
-        for (_, file) in state
-            .files
-            .iter_mut()
-            .filter(|(n, _)| n.starts_with(prefix))
-        {
+        let in_dir = |name: &str| match name.strip_prefix(prefix) {
+            Some(rest) => !rest.contains('/'),
+            None => false,
+        };
+        for (_, file) in state.files.iter_mut().filter(|(n, _)| in_dir(n)) {
             file.entry_durable = true;
         }
+        Ok(())
+    }
+
+    /// Whether a file exists (live).
+    pub(crate) fn exists(&self, name: &str) -> bool {
+        self.lock().files.contains_key(name)
+    }
+
+    /// Removes a file, if present (durable at once: only used for leftovers no one reads).
+    pub(crate) fn remove(&self, name: &str) {
+        self.lock().files.remove(name);
+    }
+
+    /// Renames a file. The new entry is durable only after the directory is synced; until
+    /// then a crash loses the file under both names (the rename is of a new file only).
+    pub(crate) fn rename(&self, from: &str, to: &str) -> io::Result<()> {
+        let mut state = self.lock();
+        Self::mutate(&mut state)?;
+        let mut file = state.files.remove(from).ok_or(io::ErrorKind::NotFound)?;
+        file.entry_durable = false;
+        if let Some((name, _, _)) = state.in_flight.as_mut() {
+            if name == from {
+                *name = to.to_owned();
+            }
+        }
+        state.files.insert(to.to_owned(), file);
         Ok(())
     }
 
