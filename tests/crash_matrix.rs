@@ -1,8 +1,9 @@
 //! Random workloads crashed at every operation (or a stride of them), in both durability
 //! modes, reopened and checked against the reference model in `idemstore::testing`.
 //!
-//! Deterministic: the seeds are fixed. `IDEMSTORE_CRASH_SEEDS=1,2,3` runs others, and
-//! `IDEMSTORE_CRASH_STRIDE=1` crashes at every single operation.
+//! Deterministic: the seeds are fixed, and every disk operation is a crash point.
+//! `IDEMSTORE_CRASH_SEEDS=1,2,3` runs other seeds; `IDEMSTORE_CRASH_STRIDE=n` crashes at every
+//! n-th operation only, for quicker runs over many seeds.
 
 use std::time::Instant;
 
@@ -26,7 +27,7 @@ fn stride() -> u64 {
     std::env::var("IDEMSTORE_CRASH_STRIDE")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
+        .unwrap_or(1)
         .max(1)
 }
 

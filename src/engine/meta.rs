@@ -30,7 +30,10 @@ fn setup(e: impl Into<redb::Error>) -> OpenError {
 
 /// Creates every registered table (a new file gets its metadata too) and checks the format.
 pub(crate) fn set_up(db: &Database, registry: &Registry, path: &Path) -> Result<Meta, OpenError> {
-    let txn = db.begin_write().map_err(setup)?;
+    let mut txn = db.begin_write().map_err(setup)?;
+    // With quick-repair, a crash before the first checkpoint does not force redb to rebuild
+    // its allocator state by walking the whole file at the next open.
+    txn.set_quick_repair(true);
     let existing: Vec<String> = txn
         .list_tables()
         .map_err(setup)?

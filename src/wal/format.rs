@@ -204,15 +204,40 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scan<'_>, HeaderProblem> {
 ///
 /// Only one frame is ever unsynced at a time (the writer syncs each frame before writing the
 /// next), so a crash can tear the last frame but never leave a valid frame behind a torn one.
+///
+/// Every offset is tried, since a damaged length field says nothing about where the next frame
+/// starts; the cheap checks come first so that the CRC runs only on plausible candidates: a
+/// later frame's sequence number is at least `min_seq` and below `min_seq` plus the bytes left
+/// (each frame takes more than one byte), while the frames of a reused file's previous life are
+/// all older. Zero bytes, the end marker and preallocated space, are skipped in runs.
 pub(crate) fn later_frame(
     bytes: &[u8],
     offset: usize,
     number: u64,
     min_seq: u64,
 ) -> Option<Frame<'_>> {
-    (offset + 1..bytes.len().saturating_sub(FRAME_HEADER_LEN))
-        .filter_map(|at| frame_at(bytes, at, number))
-        .find(|frame| frame.seq >= min_seq)
+    let last = bytes.len().checked_sub(FRAME_HEADER_LEN + 1)?;
+    let max_seq = min_seq.saturating_add(bytes.len() as u64);
+    let mut at = offset + 1;
+    while at <= last {
+        // A frame's length is non-zero, so one of its first four bytes is.
+        if bytes[at..at + 4] == [0, 0, 0, 0] {
+            match bytes[at + 4..].iter().position(|&b| b != 0) {
+                // The first non-zero byte may be the last of a length field: back up three.
+                Some(skip) => at = (at + 4 + skip).saturating_sub(3).max(at + 1),
+                None => return None,
+            }
+            continue;
+        }
+        let seq = u64::from_le_bytes(le(&bytes[at + 8..at + 16]));
+        if (min_seq..max_seq).contains(&seq) {
+            if let Some(frame) = frame_at(bytes, at, number) {
+                return Some(frame);
+            }
+        }
+        at += 1;
+    }
+    None
 }
 
 /// How many bytes a torn or damaged frame at `offset` occupies: its declared extent when that
