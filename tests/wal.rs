@@ -322,3 +322,42 @@ fn a_store_last_opened_with_the_log_replays_it_when_reopened_without() -> TestRe
     assert!(is_replay(&store, "k")?);
     Ok(())
 }
+
+#[test]
+fn spare_segments_beyond_one_checkpoint_interval_are_deleted() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    // A long stretch without checkpoints needs many segments...
+    let store = builder(&clock)
+        .log_segment_bytes(64 * 1024)
+        .checkpoint_bytes(1 << 30)
+        .open_simulated(&disk)?;
+    for i in 0..400 {
+        order(&store, &format!("k{i}"), 1000)?;
+    }
+    let segments = || {
+        disk.files()
+            .iter()
+            .filter(|f| f.starts_with("wal/"))
+            .count()
+    };
+    let during = segments();
+    assert!(during > 8, "{during}");
+    drop(store);
+    // ...reopened with checkpoints every two segments, the spares shrink to what that needs.
+    let store = builder(&clock)
+        .log_segment_bytes(64 * 1024)
+        .checkpoint_bytes(128 * 1024)
+        .open_simulated(&disk)?;
+    order(&store, "after", 10)?;
+    store.checkpoint()?;
+    assert!(
+        segments() <= 4,
+        "{} segments kept after the checkpoint",
+        segments()
+    );
+    for i in 0..400 {
+        assert!(is_replay(&store, &format!("k{i}"))?, "k{i} lost");
+    }
+    Ok(())
+}

@@ -288,7 +288,15 @@ impl Writer {
         txn.set_quick_repair(true);
         meta::set_log_checkpoint(&txn, seq)?;
         txn.commit()?;
-        log.checkpointed(seq);
+        // Enough spare segments to log one checkpoint interval without creating files.
+        let keep_free = usize::try_from(
+            self.config
+                .checkpoint_bytes
+                .div_ceil(self.config.segment_bytes)
+                + 1,
+        )
+        .unwrap_or(usize::MAX);
+        log.checkpointed(seq, keep_free);
         self.last_checkpoint = Instant::now();
         Counters::add(&self.counters.checkpoints, 1);
         Ok(())

@@ -51,6 +51,10 @@ impl LogDir for FsLogDir {
         Ok(Box::new(FsLogFile { file }))
     }
 
+    fn remove(&self, name: &str) -> io::Result<()> {
+        std::fs::remove_file(self.path.join(name))
+    }
+
     fn sync(&self) -> io::Result<()> {
         File::open(&self.path)?.sync_all()
     }

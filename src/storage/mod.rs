@@ -33,6 +33,8 @@ pub(crate) trait LogDir: Send + Sync + fmt::Debug {
     fn open(&self, name: &str) -> io::Result<Box<dyn LogFile>>;
     /// Creates a new empty file; an error if it exists.
     fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>>;
+    /// Deletes a file.
+    fn remove(&self, name: &str) -> io::Result<()>;
     /// Makes the directory's entries (creations) durable.
     fn sync(&self) -> io::Result<()>;
 }

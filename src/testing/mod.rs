@@ -4,9 +4,11 @@
 //! the fuzz targets live here too, so a seeded test runs them on stable.
 
 mod crash;
+mod log_decode;
 mod sim_disk;
 mod workload;
 
 pub use crash::{CaseReport, CrashCase, CrashOp, Fault, Violation, run_case};
+pub use log_decode::{build_segment, check_log_decode};
 pub use sim_disk::{DiskCounters, FaultPlan, SimDisk, Tear};
 pub use workload::{Rng, workload};

@@ -460,6 +460,11 @@ impl LogDir for SimLogDir {
         }))
     }
 
+    fn remove(&self, name: &str) -> io::Result<()> {
+        self.disk.remove(&format!("{}{name}", self.prefix));
+        Ok(())
+    }
+
     fn sync(&self) -> io::Result<()> {
         self.disk.sync_dir(&self.prefix)
     }

@@ -186,8 +186,12 @@ pub(crate) fn scan(bytes: &[u8]) -> Result<Scan<'_>, HeaderProblem> {
         match frame_at(bytes, offset, header.number) {
             Some(frame) if frame.seq == expected => {
                 offset = frame.end();
-                expected = expected.wrapping_add(1);
                 frames.push(frame);
+                // A run cannot continue past the last sequence number.
+                let Some(next) = expected.checked_add(1) else {
+                    break Stop::Invalid { offset };
+                };
+                expected = next;
             }
             _ => break Stop::Invalid { offset },
         }

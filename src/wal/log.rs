@@ -201,7 +201,11 @@ impl Log {
 
     /// Every frame up to `seq` is durable in redb: recycle the segments that hold only such
     /// frames.
-    pub(crate) fn checkpointed(&mut self, seq: u64) {
+    ///
+    /// Free files beyond `keep_free` are deleted: enough are kept to write one checkpoint
+    /// interval without creating files, and a burst that needed more does not hold disk space
+    /// for ever. A failure to delete is ignored (the file is a reusable spare, not data).
+    pub(crate) fn checkpointed(&mut self, seq: u64, keep_free: usize) {
         self.since_checkpoint = 0;
         let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sealed)
             .into_iter()
@@ -211,6 +215,12 @@ impl Log {
             name: s.name,
             file: s.file,
         }));
+        while self.files.free.len() > keep_free {
+            if let Some(extra) = self.files.free.pop() {
+                drop(extra.file);
+                let _ = self.files.dir.remove(&extra.name);
+            }
+        }
     }
 }
 

@@ -79,7 +79,7 @@ pub(crate) fn recover(
         .filter_map(|name| segment_index(&name).map(|i| (i, name)))
         .collect();
     names.sort();
-    let next_file = names.last().map_or(0, |(i, _)| i + 1);
+    let next_file = names.last().map_or(0, |(i, _)| i.saturating_add(1));
 
     let mut candidates = Vec::with_capacity(names.len());
     for (_, name) in names {
@@ -97,7 +97,7 @@ pub(crate) fn recover(
         .iter()
         .filter_map(|c| c.header.map(|h| h.number))
         .max()
-        .map_or(1, |n| n + 1);
+        .map_or(1, |n| n.saturating_add(1));
 
     // Segments with a valid header, in the order they were activated.
     let mut valid: Vec<&Candidate> = candidates.iter().filter(|c| c.header.is_some()).collect();
@@ -105,7 +105,8 @@ pub(crate) fn recover(
     let first_seq = |c: &Candidate| c.header.map_or(0, |h| h.first_seq);
 
     let mut report = RecoveryReport::default();
-    let mut expected = checkpoint + 1;
+    // Saturating: every number here comes from disk, and damage must not make it panic.
+    let mut expected = checkpoint.saturating_add(1);
     // The newest segment that starts at or before the first frame to replay; every segment
     // before it holds checkpointed frames only.
     let from = valid.iter().rposition(|c| first_seq(c) <= expected);
@@ -139,7 +140,7 @@ pub(crate) fn recover(
             })?;
             report.frames_replayed += 1;
             report.bytes_replayed += frame.payload.len() as u64;
-            expected = frame.seq + 1;
+            expected = frame.seq.saturating_add(1);
         }
         let corrupt = |offset: usize, detail: String| RecoveryError::Corrupt {
             segment: dir_path.join(name),
@@ -203,7 +204,7 @@ pub(crate) fn recover(
     report.duration = started.elapsed();
     Ok(Recovered {
         report,
-        last_seq: expected - 1,
+        last_seq: expected.saturating_sub(1),
         start: LogStart {
             free,
             next_seq: expected,
