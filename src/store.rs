@@ -9,6 +9,7 @@ use crate::claim::{Begin, Claim};
 use crate::config::Config;
 use crate::decision::{Decision, decide};
 use crate::engine::Engine;
+use crate::engine::context::Needs;
 use crate::engine::counters::Counters;
 use crate::engine::job::Keep;
 use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
@@ -168,7 +169,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn read(&self) -> Result<ReadTx, StoreError> {
-        Ok(ReadTx::new(self.engine.begin_read()?, self.clone()))
+        Ok(ReadTx::new(self.engine.snapshot()?, self.clone()))
     }
 
     /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
@@ -209,7 +210,7 @@ impl Store {
     /// everything, and a reopen replays it).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
         self.engine.call(|_, ctx| {
-            ctx.request_checkpoint();
+            ctx.need(Needs::Checkpointed);
             (Keep::Nothing, ())
         })
     }
@@ -219,7 +220,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn counts(&self) -> Result<Counts, StoreError> {
-        let txn = self.engine.begin_read()?;
+        let txn = self.engine.snapshot()?;
         let registry = self.engine.registry();
         let tables = self.engine.tables();
         let len = |id| registry.table(id).len(&txn);

@@ -4,6 +4,7 @@
 //! completed record, and so that the engine sees them as bytes it can log and replay. Reads see
 //! this request's own writes first, then everything earlier requests of the group wrote.
 
+use std::any::TypeId;
 use std::borrow::Borrow;
 use std::fmt;
 use std::marker::PhantomData;
@@ -12,6 +13,7 @@ use std::ops::{Bound, RangeBounds};
 use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
 use crate::config::MAX_REQUEST_BYTES;
+use crate::engine::open_tables::OpenTables;
 use crate::engine::registry::{RESERVED_PREFIX, RawEntries, Registry, TableId, type_names};
 use crate::engine::write_set::{Buffered, WriteSet};
 use crate::error::TxError;
@@ -54,6 +56,8 @@ impl<V: Value + 'static> fmt::Debug for OwnedValue<V> {
 /// registered with [`Builder::table`](crate::Builder::table).
 pub struct Tx<'g> {
     txn: &'g WriteTransaction,
+    /// The store's own tables, opened once for the group.
+    open: &'g OpenTables<'g>,
     registry: &'g Registry,
     writes: &'g mut WriteSet,
 }
@@ -69,11 +73,13 @@ impl fmt::Debug for Tx<'_> {
 impl<'g> Tx<'g> {
     pub(crate) fn new(
         txn: &'g WriteTransaction,
+        open: &'g OpenTables<'g>,
         registry: &'g Registry,
         writes: &'g mut WriteSet,
     ) -> Self {
         Tx {
             txn,
+            open,
             registry,
             writes,
         }
@@ -174,13 +180,13 @@ impl<'g> Tx<'g> {
             return Err(unknown());
         }
         let id = self.registry.id(name).ok_or_else(unknown)?;
-        let registered = self.registry.table(id).type_names();
-        let requested = type_names::<K, V>();
-        if registered != requested {
+        let table = self.registry.table(id);
+        // Comparing type ids is cheap; the names are built only for the error.
+        if table.type_ids() != (TypeId::of::<K>(), TypeId::of::<V>()) {
             return Err(TxError::TableTypeMismatch {
                 name: name.to_owned(),
-                registered,
-                requested,
+                registered: table.type_names(),
+                requested: type_names::<K, V>(),
             });
         }
         Ok(id)
@@ -194,7 +200,10 @@ impl<'g> Tx<'g> {
         match self.writes.lookup(table, key) {
             Buffered::Put(value) => Ok(Some(value.to_vec())),
             Buffered::Deleted => Ok(None),
-            Buffered::Untouched => self.registry.table(table).get(self.txn, key),
+            Buffered::Untouched => match self.open.read(table, key) {
+                Some(found) => found,
+                None => self.registry.table(table).get(self.txn, key),
+            },
         }
     }
 
@@ -219,7 +228,11 @@ impl<'g> Tx<'g> {
         let buffered = self.writes.latest_in(table);
         // Deletes in the write set may hide stored entries: read enough to still fill `limit`.
         let deletes = buffered.iter().filter(|op| op.value.is_none()).count();
-        let mut entries = ops.range(self.txn, start, end, limit.saturating_add(deletes))?;
+        let wanted = limit.saturating_add(deletes);
+        let mut entries = match self.open.range(table, start, end, wanted) {
+            Some(found) => found?,
+            None => ops.range(self.txn, start, end, wanted)?,
+        };
         if buffered.is_empty() {
             return Ok(entries);
         }

@@ -16,24 +16,19 @@ pub(crate) struct Context<'a> {
     pub(crate) tables: InternalTables,
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
-    checkpoint: CheckpointRequest,
+    needs: Needs,
 }
 
-/// Whether a request asked the writer to checkpoint right after its group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CheckpointRequest {
-    No,
-    Yes,
-}
-
-impl CheckpointRequest {
-    pub(crate) fn or(self, other: CheckpointRequest) -> CheckpointRequest {
-        if self == CheckpointRequest::Yes {
-            self
-        } else {
-            other
-        }
-    }
+/// What must have happened before a request is answered. Ordered: each includes the ones
+/// before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Needs {
+    /// The request's group is durable (the default).
+    Durable,
+    /// Everything acknowledged so far is visible to redb read transactions.
+    Published,
+    /// Everything acknowledged so far is durable in redb itself (a checkpoint).
+    Checkpointed,
 }
 
 impl<'a> Context<'a> {
@@ -48,17 +43,17 @@ impl<'a> Context<'a> {
             config,
             tables,
             next_fence,
-            checkpoint: CheckpointRequest::No,
+            needs: Needs::Durable,
         }
     }
 
-    /// Asks the writer to checkpoint once this request's group is durable, before answering.
-    pub(crate) fn request_checkpoint(&mut self) {
-        self.checkpoint = CheckpointRequest::Yes;
+    /// Asks for more than durability before this request is answered.
+    pub(crate) fn need(&mut self, needs: Needs) {
+        self.needs = self.needs.max(needs);
     }
 
-    pub(crate) fn checkpoint(&self) -> CheckpointRequest {
-        self.checkpoint
+    pub(crate) fn needs(&self) -> Needs {
+        self.needs
     }
 
     /// Hands out a fence that was never handed out before, and records the counter in the

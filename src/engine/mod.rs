@@ -9,6 +9,8 @@ pub(crate) mod counters;
 pub(crate) mod job;
 pub(crate) mod lifecycle;
 mod meta;
+pub(crate) mod open_tables;
+mod overlay;
 pub(crate) mod poison;
 pub(crate) mod registry;
 pub(crate) mod tables;
@@ -32,8 +34,10 @@ use crate::tx::Tx;
 use crate::wal::{self, Log, RecoveryReport};
 
 use self::context::Context;
+use self::context::Needs;
 use self::counters::Counters;
 use self::job::{Job, Keep, Task};
+use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
 use self::registry::Registry;
 use self::tables::{InternalTables, RECORDS};
@@ -55,6 +59,7 @@ pub(crate) struct Engine {
     config: Arc<Config>,
     poison: Arc<Poison>,
     counters: Arc<Counters>,
+    overlay: Arc<Overlay>,
     recovery: RecoveryReport,
     /// `None` only while dropping: closing it is what stops the writer.
     queue: Option<SyncSender<Box<dyn Job>>>,
@@ -99,6 +104,7 @@ impl Engine {
         let config = Arc::new(config);
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
+        let overlay = Arc::new(Overlay::default());
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let writer = Writer::new(
             db.clone(),
@@ -107,6 +113,7 @@ impl Engine {
             config.clone(),
             poison.clone(),
             counters.clone(),
+            overlay.clone(),
             next_fence,
             receiver,
             log_start,
@@ -122,6 +129,7 @@ impl Engine {
             config,
             poison,
             counters,
+            overlay,
             recovery,
             queue: Some(queue),
             writer_id: handle.thread().id(),
@@ -181,24 +189,44 @@ impl Engine {
         self.poison.check().err().unwrap_or(StoreError::Closed)
     }
 
-    pub(crate) fn begin_read(&self) -> Result<redb::ReadTransaction, StoreError> {
+    /// A redb snapshot that includes every acknowledged write: if durable groups are not yet
+    /// published to redb, the writer publishes them first.
+    pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
         self.poison.check()?;
+        if self.overlay.is_unpublished() {
+            self.call(|_, ctx| {
+                ctx.need(Needs::Published);
+                (Keep::Nothing, ())
+            })?;
+        }
         Ok(self.db.begin_read()?)
     }
 
-    /// The stored record of a scope, from a read transaction (expired records included).
+    /// The stored record of a scope (expired records included): from the overlay if a durable
+    /// group not yet published wrote it, else from a redb read transaction.
     pub(crate) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let txn = self.begin_read()?;
+        self.poison.check()?;
+        let decode = |bytes: &[u8]| {
+            Record::decode(bytes)
+                .map(Some)
+                .map_err(|source| StoreError::CorruptRecord {
+                    scope: scope.to_string(),
+                    source,
+                })
+        };
+        // The overlay first, then redb: the writer publishes (commits) before it clears the
+        // overlay, so a record missing here is in any snapshot begun after this lookup.
+        match self.overlay.lookup(scope.encode()) {
+            Overlaid::Put(bytes) => return decode(&bytes),
+            Overlaid::Deleted => return Ok(None),
+            Overlaid::Absent => {}
+        }
+        let txn = self.db.begin_read()?;
         let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
         let Some(bytes) = table.get(scope.encode())? else {
             return Ok(None);
         };
-        Record::decode(bytes.value())
-            .map(Some)
-            .map_err(|source| StoreError::CorruptRecord {
-                scope: scope.to_string(),
-                source,
-            })
+        decode(bytes.value())
     }
 }
 

@@ -4,6 +4,7 @@
 //! request, logged and replayed without the code that made them. This module turns those bytes
 //! back into typed redb calls. It must never write a table that was not registered.
 
+use std::any::TypeId;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt;
@@ -12,6 +13,7 @@ use std::ops::Bound;
 
 use redb::{Key, ReadableTable, ReadableTableMetadata, TableDefinition, Value, WriteTransaction};
 
+use super::open_tables::OpenTables;
 use super::write_set::WriteOp;
 
 /// Index of a table in the registry. Stable for one open store only; the log names tables.
@@ -26,8 +28,10 @@ pub(crate) type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
 /// What the engine can do with a table without knowing its types.
 pub(crate) trait TableOps: Send + Sync + fmt::Debug {
     fn name(&self) -> &str;
-    /// `"K, V"` as redb names the types, for error messages and type checks.
+    /// `"K, V"` as redb names the types, for error messages.
     fn type_names(&self) -> String;
+    /// The key and value types, for cheap type checks.
+    fn type_ids(&self) -> (TypeId, TypeId);
     /// Creates the table if it does not exist (fails if it exists with other types).
     fn create(&self, txn: &WriteTransaction) -> Result<(), redb::Error>;
     fn get(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error>;
@@ -82,6 +86,10 @@ impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
 
     fn type_names(&self) -> String {
         type_names::<K, V>()
+    }
+
+    fn type_ids(&self) -> (TypeId, TypeId) {
+        (TypeId::of::<K>(), TypeId::of::<V>())
     }
 
     fn create(&self, txn: &WriteTransaction) -> Result<(), redb::Error> {
@@ -197,8 +205,14 @@ impl Registry {
         self.tables.iter().map(|t| t.as_ref())
     }
 
-    /// Applies a request's writes, opening each table once per run of consecutive writes to it.
-    pub(crate) fn apply(&self, txn: &WriteTransaction, ops: &[WriteOp]) -> Result<(), redb::Error> {
+    /// Applies a request's writes: the store's own tables through the group's open handles,
+    /// business tables opened once per run of consecutive writes to them.
+    pub(crate) fn apply(
+        &self,
+        txn: &WriteTransaction,
+        open: &mut OpenTables<'_>,
+        ops: &[WriteOp],
+    ) -> Result<(), redb::Error> {
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = rest
@@ -208,7 +222,9 @@ impl Registry {
             let mut ops = rest[..run]
                 .iter()
                 .map(|op| (op.key.as_slice(), op.value.as_deref()));
-            self.table(first.table).apply(txn, &mut ops)?;
+            if !open.apply(first.table, &mut ops)? {
+                self.table(first.table).apply(txn, &mut ops)?;
+            }
             rest = &rest[run..];
         }
         Ok(())

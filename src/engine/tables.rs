@@ -36,6 +36,11 @@ pub(crate) struct InternalTables {
 }
 
 impl InternalTables {
+    /// Their ids, in the order they were registered (0, 1, 2, 3).
+    pub(crate) fn ids(self) -> [TableId; 4] {
+        [self.records, self.expiry, self.leases, self.meta]
+    }
+
     /// Registers the store's tables; call before any business table.
     pub(crate) fn register(registry: &mut Registry) -> Self {
         let mut reg = |name| {

@@ -87,6 +87,10 @@ impl WriteSet {
         &self.ops
     }
 
+    pub(crate) fn into_ops(self) -> Vec<WriteOp> {
+        self.ops
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }

@@ -1,9 +1,15 @@
 //! The writer thread: the only place a redb write transaction exists.
 //!
-//! It takes everything queued (up to `max_batch`), runs it in arrival order inside one
-//! transaction, makes the group durable once, then answers every request of the group. A group
-//! that cannot be made durable fails all its requests and poisons the store. In `Wal` mode it
-//! also checkpoints: every so often it makes redb durable and lets the log be reused.
+//! It takes everything queued (up to `max_batch`) as a **group**, runs it in arrival order,
+//! makes the group durable once, then answers every request of the group. In `Wal` mode a group
+//! is durable when its log frame is synced, and several groups share one redb transaction, an
+//! **epoch**: a redb commit costs about the same for one group as for ten, so the writer keeps
+//! the transaction open while work keeps arriving and commits it (publishing to readers) when
+//! the writer goes idle, after a time or size bound, or when a request needs a fresh snapshot or
+//! a checkpoint. Records written by durable but unpublished groups are served from the overlay.
+//! In `Redb` mode an epoch is one group and its durable commit.
+//!
+//! A failure to make work durable fails every request waiting on it and poisons the store.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -12,17 +18,20 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use redb::Database;
+use redb::{Database, WriteTransaction};
 
+use crate::clock::Timestamp;
 use crate::config::{Config, Durability};
 use crate::error::StoreError;
 use crate::tx::Tx;
 use crate::wal::{self, Log};
 
-use super::context::{CheckpointRequest, Context};
+use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, Keep, panic_message};
 use super::meta;
+use super::open_tables::OpenTables;
+use super::overlay::Overlay;
 use super::poison::{PanicGuard, Poison};
 use super::registry::Registry;
 use super::tables::InternalTables;
@@ -31,13 +40,21 @@ use super::write_set::WriteSet;
 /// Write-set bytes after which a group stops taking requests; the rest wait for the next
 /// group. Bounds a log frame (a single request is bounded by `MAX_REQUEST_BYTES`).
 const GROUP_BYTES: u64 = 64 * 1024 * 1024;
+/// How long an epoch waits for more work before publishing: long enough for clients that were
+/// just answered to send their next request, short enough that an idle store publishes at once.
+const LINGER: Duration = Duration::from_micros(300);
+/// The longest an epoch stays open under load.
+const EPOCH_TIME: Duration = Duration::from_millis(20);
+/// Write-set bytes after which an epoch is published.
+const EPOCH_BYTES: u64 = 32 * 1024 * 1024;
 
-/// Whether a group wrote anything (a group that did not is aborted, never committed: a durable
-/// commit that changes nothing still costs a sync).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Changed {
-    No,
-    Yes,
+/// What one group did.
+#[derive(Debug, Clone, Copy)]
+struct GroupOutcome {
+    /// Whether it wrote anything.
+    changed: bool,
+    bytes: u64,
+    needs: Needs,
 }
 
 pub(crate) struct Writer {
@@ -47,6 +64,7 @@ pub(crate) struct Writer {
     config: Arc<Config>,
     poison: Arc<Poison>,
     counters: Arc<Counters>,
+    overlay: Arc<Overlay>,
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
     /// The log, in `Wal` mode.
@@ -68,6 +86,7 @@ impl Writer {
         config: Arc<Config>,
         poison: Arc<Poison>,
         counters: Arc<Counters>,
+        overlay: Arc<Overlay>,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
         log: Option<Log>,
@@ -79,6 +98,7 @@ impl Writer {
             config,
             poison,
             counters,
+            overlay,
             next_fence,
             queue,
             log,
@@ -110,17 +130,10 @@ impl Writer {
                     Err(RecvTimeoutError::Disconnected) => break,
                 },
             };
+            self.received(1);
             group.push_back(first);
-            while group.len() < self.config.max_batch {
-                match self.queue.try_recv() {
-                    Ok(job) => group.push_back(job),
-                    Err(_) => break,
-                }
-            }
-            self.counters
-                .queued
-                .fetch_sub(group.len(), Ordering::Relaxed);
-            self.run_group(&mut group);
+            self.drain(&mut group);
+            self.epoch(&mut group);
             self.checkpoint_if_due();
         }
         if self.poison.check().is_ok()
@@ -131,125 +144,226 @@ impl Writer {
         }
     }
 
-    /// Runs `group` in chunks (one transaction and one sync each) and answers every job.
-    fn run_group(&mut self, group: &mut VecDeque<Box<dyn Job>>) {
-        while !group.is_empty() {
-            let mut done = Vec::with_capacity(group.len());
-            let result = self
-                .poison
-                .check()
-                .and_then(|()| self.execute(group, &mut done));
-            if let Err(e) = &result {
-                if matches!(e, StoreError::Redb(_) | StoreError::OutcomeUnknown { .. }) {
-                    self.poison.set(&e.to_string());
-                }
-                // Nothing more runs in this chunk: every job still waiting shares its fate.
-                done.extend(group.drain(..));
+    /// Moves queued jobs into `group`, up to `max_batch`.
+    fn drain(&self, group: &mut VecDeque<Box<dyn Job>>) {
+        let before = group.len();
+        while group.len() < self.config.max_batch {
+            match self.queue.try_recv() {
+                Ok(job) => group.push_back(job),
+                Err(_) => break,
             }
-            Counters::add(&self.counters.requests, done.len() as u64);
-            for job in done {
-                job.finish(result.clone());
-            }
+        }
+        self.received(group.len() - before);
+    }
+
+    /// Counts jobs taken off the queue.
+    fn received(&self, n: usize) {
+        self.counters.queued.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Counts jobs, then answers them (counted first, so a caller that was just answered sees
+    /// itself in the stats).
+    fn answer(
+        &self,
+        jobs: impl IntoIterator<Item = Box<dyn Job>>,
+        result: &Result<(), StoreError>,
+    ) {
+        let jobs: Vec<_> = jobs.into_iter().collect();
+        Counters::add(&self.counters.requests, jobs.len() as u64);
+        for job in jobs {
+            job.finish(result.clone());
         }
     }
 
-    /// Runs jobs from the front of `group` (moving each to `done`) in one transaction until the
-    /// group is empty, its writes pass `GROUP_BYTES`, or a job asks for a checkpoint; then makes
-    /// them durable.
-    fn execute(
+    /// Fails the whole epoch: poisons the store for storage failures, and answers every job.
+    fn fail(&self, e: StoreError, jobs: impl IntoIterator<Item = Box<dyn Job>>) {
+        if matches!(e, StoreError::Redb(_) | StoreError::OutcomeUnknown { .. }) {
+            self.poison.set(&e.to_string());
+        }
+        self.answer(jobs, &Err(e));
+    }
+
+    /// Runs groups in one redb transaction until the epoch ends, then publishes it.
+    fn epoch(&mut self, group: &mut VecDeque<Box<dyn Job>>) {
+        if let Err(e) = self.poison.check() {
+            self.fail(e, group.drain(..));
+            return;
+        }
+        let txn = match self.begin_txn() {
+            Ok(txn) => txn,
+            Err(e) => return self.fail(e, group.drain(..)),
+        };
+        let mut open = match OpenTables::open(&txn, &self.registry, self.tables) {
+            Ok(open) => open,
+            Err(e) => return self.fail(e.into(), group.drain(..)),
+        };
+        let started = Instant::now();
+        let mut bytes = 0u64;
+        let mut changed = false;
+        let mut needs = Needs::Durable;
+        // Jobs answered only once the epoch is published (all of them in Redb mode).
+        let mut after_publish: Vec<Box<dyn Job>> = Vec::new();
+        loop {
+            let mut done = Vec::with_capacity(group.len());
+            let outcome = match self.run_group(&txn, &mut open, group, &mut done) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    drop(open);
+                    drop(txn);
+                    let waiting = after_publish.into_iter().chain(done).chain(group.drain(..));
+                    return self.fail(e, waiting);
+                }
+            };
+            changed |= outcome.changed;
+            bytes += outcome.bytes;
+            needs = needs.max(outcome.needs);
+            if self.log.is_some() && outcome.needs == Needs::Durable {
+                // Durable in the log, and every record it wrote is in the overlay.
+                self.answer(done, &Ok(()));
+            } else {
+                after_publish.extend(done);
+            }
+            let checkpoint_due = self
+                .log
+                .as_ref()
+                .is_none_or(|log| log.since_checkpoint() >= self.config.checkpoint_bytes);
+            let more = !checkpoint_due
+                && needs == Needs::Durable
+                && bytes < EPOCH_BYTES
+                && started.elapsed() < EPOCH_TIME
+                && (!group.is_empty() || self.linger(group));
+            if !more {
+                break;
+            }
+        }
+        drop(open);
+        // Wal: a commit without a sync (the log has every group). Redb: the durable commit that
+        // makes the group durable at all.
+        let published = if changed {
+            txn.commit()
+                .map_err(|e| self.unknown("the redb commit failed", &e))
+        } else {
+            txn.abort().map_err(StoreError::from)
+        };
+        let result = published.and_then(|()| {
+            self.overlay.published();
+            if needs == Needs::Checkpointed {
+                self.checkpoint()
+                    .map_err(|e| self.unknown("checkpoint failed", &e))?;
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => self.answer(after_publish, &Ok(())),
+            Err(e) => self.fail(e, after_publish),
+        }
+    }
+
+    /// Waits briefly for more work for the open epoch; true if some arrived.
+    fn linger(&self, group: &mut VecDeque<Box<dyn Job>>) -> bool {
+        match self.queue.recv_timeout(LINGER) {
+            Ok(job) => {
+                self.received(1);
+                group.push_back(job);
+                self.drain(group);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// An epoch's transaction: committed without a sync in `Wal` mode (the log has every
+    /// group), durably in `Redb` mode (its commit is what makes the group durable).
+    fn begin_txn(&self) -> Result<WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(match self.config.durability {
+            Durability::Wal => redb::Durability::None,
+            Durability::Redb => redb::Durability::Immediate,
+        })?;
+        Ok(txn)
+    }
+
+    fn unknown(&self, what: &str, e: &dyn std::fmt::Display) -> StoreError {
+        StoreError::OutcomeUnknown {
+            cause: format!("{what}: {e}").into(),
+        }
+    }
+
+    /// Runs jobs from the front of `group` (moving each to `done`) until the group is empty,
+    /// its writes pass `GROUP_BYTES`, or a job needs more than durability; in `Wal` mode, logs
+    /// and syncs their writes as one frame and adds their records to the overlay.
+    fn run_group(
         &mut self,
+        txn: &WriteTransaction,
+        open: &mut OpenTables<'_>,
         group: &mut VecDeque<Box<dyn Job>>,
         done: &mut Vec<Box<dyn Job>>,
-    ) -> Result<(), StoreError> {
-        let clock = self.config.clock.clone();
-        let now = catch_unwind(AssertUnwindSafe(|| clock.now())).map_err(|panic| {
-            StoreError::Internal {
-                message: format!(
-                    "the store's clock panicked: {}",
-                    panic_message(panic.as_ref())
-                ),
-            }
-        })?;
-        let mut txn = self.db.begin_write()?;
-        if self.log.is_some() {
-            txn.set_durability(redb::Durability::None)?;
-        }
-        let mut changed = Changed::No;
+    ) -> Result<GroupOutcome, StoreError> {
+        let now = self.now()?;
+        let mut outcome = GroupOutcome {
+            changed: false,
+            bytes: 0,
+            needs: Needs::Durable,
+        };
         let mut kept: Vec<WriteSet> = Vec::new();
-        let mut bytes = 0u64;
-        let mut checkpoint = CheckpointRequest::No;
         while let Some(mut job) = group.pop_front() {
             let mut writes = WriteSet::default();
             let keep = {
-                let mut tx = Tx::new(&txn, &self.registry, &mut writes);
+                let mut tx = Tx::new(txn, open, &self.registry, &mut writes);
                 let mut ctx = Context::new(now, &self.config, self.tables, &mut self.next_fence);
                 let keep = job.run(&mut tx, &mut ctx);
-                checkpoint = checkpoint.or(ctx.checkpoint());
+                outcome.needs = outcome.needs.max(ctx.needs());
                 keep
             };
             done.push(job);
             if keep == Keep::Writes && !writes.is_empty() {
-                self.registry.apply(&txn, writes.ops())?;
-                changed = Changed::Yes;
-                bytes += writes.bytes();
-                if self.log.is_some() {
-                    kept.push(writes);
-                }
+                self.registry.apply(txn, open, writes.ops())?;
+                outcome.changed = true;
+                outcome.bytes += writes.bytes();
+                kept.push(writes);
             }
-            if bytes >= GROUP_BYTES || checkpoint == CheckpointRequest::Yes {
+            if outcome.bytes >= GROUP_BYTES || outcome.needs > Needs::Durable {
                 break;
             }
         }
-        match changed {
-            Changed::No => txn.abort()?,
-            Changed::Yes => {
-                self.persist(txn, &kept)?;
-                Counters::add(&self.counters.groups_committed, 1);
-            }
-        }
-        if checkpoint == CheckpointRequest::Yes {
-            self.checkpoint().map_err(|e| StoreError::OutcomeUnknown {
-                cause: format!("checkpoint failed: {e}").into(),
-            })?;
-        }
-        Ok(())
-    }
-
-    /// Makes the group durable according to the store's durability mode. Any failure here
-    /// leaves the outcome unknown: part of the group may already be on disk.
-    fn persist(
-        &mut self,
-        mut txn: redb::WriteTransaction,
-        kept: &[WriteSet],
-    ) -> Result<(), StoreError> {
-        let unknown = |what: &str, e: &dyn std::fmt::Display| StoreError::OutcomeUnknown {
-            cause: format!("{what}: {e}").into(),
-        };
-        match (self.config.durability, self.log.as_mut()) {
-            (Durability::Wal, Some(log)) => {
+        if outcome.changed {
+            if let Some(log) = self.log.as_mut() {
                 self.frame.clear();
-                wal::encode_group(&self.registry, kept, &mut self.frame).map_err(|e| {
+                wal::encode_group(&self.registry, &kept, &mut self.frame).map_err(|e| {
                     StoreError::Internal {
                         message: format!("encoding a log frame failed: {e}"),
                     }
                 })?;
                 log.append(&self.frame)
-                    .map_err(|e| unknown("writing the log failed", &e))?;
+                    .map_err(|e| StoreError::OutcomeUnknown {
+                        cause: format!("writing the log failed: {e}").into(),
+                    })?;
                 Counters::add(
                     &self.counters.log_bytes,
                     (self.frame.len() + wal::format::FRAME_HEADER_LEN) as u64,
                 );
-                // Durable in the log: now visible to readers, without a sync.
-                txn.commit()
-                    .map_err(|e| unknown("applying a logged group to redb failed", &e))?;
+                let records = self.tables.records;
+                self.overlay.add(
+                    kept.into_iter()
+                        .flat_map(|set| set.into_ops())
+                        .filter(|op| op.table == records)
+                        .map(|op| (op.key, op.value)),
+                );
             }
-            _ => {
-                txn.set_durability(redb::Durability::Immediate)?;
-                txn.commit()
-                    .map_err(|e| unknown("the durable redb commit failed", &e))?;
-            }
+            Counters::add(&self.counters.groups_committed, 1);
         }
-        Ok(())
+        Ok(outcome)
+    }
+
+    /// The clock, read once per group; a panicking clock fails the group, not the writer.
+    fn now(&self) -> Result<Timestamp, StoreError> {
+        let clock = self.config.clock.clone();
+        catch_unwind(AssertUnwindSafe(|| clock.now())).map_err(|panic| StoreError::Internal {
+            message: format!(
+                "the store's clock panicked: {}",
+                panic_message(panic.as_ref())
+            ),
+        })
     }
 
     /// How long until a checkpoint is due, if the log holds frames not yet in durable redb.
@@ -277,7 +391,8 @@ impl Writer {
     }
 
     /// Makes redb durable (with quick-repair, so a crash never forces a full scan), records the
-    /// last logged frame as checkpointed, and lets the log reuse the segments before it.
+    /// last logged frame as checkpointed, and lets the log reuse the segments before it. Runs
+    /// between epochs, so everything logged is published.
     fn checkpoint(&mut self) -> Result<(), redb::Error> {
         let Some(log) = self.log.as_mut() else {
             return Ok(());
