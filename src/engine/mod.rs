@@ -8,6 +8,7 @@ pub(crate) mod context;
 pub(crate) mod counters;
 pub(crate) mod job;
 pub(crate) mod lifecycle;
+mod log_thread;
 mod meta;
 pub(crate) mod open_tables;
 mod overlay;
@@ -37,6 +38,7 @@ use self::context::Context;
 use self::context::Needs;
 use self::counters::Counters;
 use self::job::{Job, Keep, Task};
+use self::log_thread::LogThread;
 use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
 use self::registry::Registry;
@@ -105,6 +107,13 @@ impl Engine {
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
         let overlay = Arc::new(Overlay::default());
+        let log_thread = match log_start {
+            Some(log) => Some(
+                LogThread::start(log, overlay.clone(), counters.clone(), poison.clone())
+                    .map_err(OpenError::Thread)?,
+            ),
+            None => None,
+        };
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let writer = Writer::new(
             db.clone(),
@@ -116,7 +125,7 @@ impl Engine {
             overlay.clone(),
             next_fence,
             receiver,
-            log_start,
+            log_thread,
         );
         let handle = std::thread::Builder::new()
             .name("idemstore-writer".into())

@@ -24,11 +24,12 @@ use crate::clock::Timestamp;
 use crate::config::{Config, Durability};
 use crate::error::StoreError;
 use crate::tx::Tx;
-use crate::wal::{self, Log};
+use crate::wal;
 
 use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, Keep, panic_message};
+use super::log_thread::{LogThread, Submission};
 use super::meta;
 use super::open_tables::OpenTables;
 use super::overlay::Overlay;
@@ -49,12 +50,15 @@ const EPOCH_TIME: Duration = Duration::from_millis(20);
 const EPOCH_BYTES: u64 = 32 * 1024 * 1024;
 
 /// What one group did.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct GroupOutcome {
     /// Whether it wrote anything.
     changed: bool,
     bytes: u64,
     needs: Needs,
+    /// In `Wal` mode: the encoded payload for the log (if it wrote anything) and its records.
+    payload: Option<Vec<u8>>,
+    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 pub(crate) struct Writer {
@@ -67,11 +71,9 @@ pub(crate) struct Writer {
     overlay: Arc<Overlay>,
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
-    /// The log, in `Wal` mode.
-    log: Option<Log>,
+    /// The log thread, in `Wal` mode.
+    log: Option<LogThread>,
     last_checkpoint: Instant,
-    /// Reused buffer for frame payloads.
-    frame: Vec<u8>,
 }
 
 impl Writer {
@@ -89,7 +91,7 @@ impl Writer {
         overlay: Arc<Overlay>,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
-        log: Option<Log>,
+        log: Option<LogThread>,
     ) -> Self {
         Writer {
             db,
@@ -103,7 +105,6 @@ impl Writer {
             queue,
             log,
             last_checkpoint: Instant::now(),
-            frame: Vec::new(),
         }
     }
 
@@ -217,16 +218,32 @@ impl Writer {
             changed |= outcome.changed;
             bytes += outcome.bytes;
             needs = needs.max(outcome.needs);
-            if self.log.is_some() && outcome.needs == Needs::Durable {
-                // Durable in the log, and every record it wrote is in the overlay.
-                self.answer(done, &Ok(()));
-            } else {
-                after_publish.extend(done);
+            match self.log.as_ref() {
+                // The log thread answers the group once it (and everything before it) is
+                // durable and its records are in the overlay.
+                Some(log) if outcome.needs == Needs::Durable => log.submit(Submission {
+                    payload: outcome.payload,
+                    records: outcome.records,
+                    jobs: done,
+                }),
+                // Logged now, answered once the epoch is published.
+                Some(log) => {
+                    log.submit(Submission {
+                        payload: outcome.payload,
+                        records: outcome.records,
+                        jobs: Vec::new(),
+                    });
+                    after_publish.extend(done);
+                }
+                None => after_publish.extend(done),
             }
             let checkpoint_due = self
                 .log
                 .as_ref()
                 .is_none_or(|log| log.since_checkpoint() >= self.config.checkpoint_bytes);
+            if checkpoint_due && self.log.is_some() {
+                needs = needs.max(Needs::Checkpointed);
+            }
             let more = !checkpoint_due
                 && needs == Needs::Durable
                 && bytes < EPOCH_BYTES
@@ -237,6 +254,13 @@ impl Writer {
             }
         }
         drop(open);
+        // Nothing may become visible before it is durable: wait for the log thread.
+        if let Some(log) = self.log.as_ref() {
+            if let Err(e) = log.wait_durable() {
+                drop(txn);
+                return self.fail(e, after_publish);
+            }
+        }
         // Wal: a commit without a sync (the log has every group). Redb: the durable commit that
         // makes the group durable at all.
         let published = if changed {
@@ -304,8 +328,12 @@ impl Writer {
             changed: false,
             bytes: 0,
             needs: Needs::Durable,
+            payload: None,
+            records: Vec::new(),
         };
         let mut kept: Vec<WriteSet> = Vec::new();
+        let mut payload = None;
+        let mut records = Vec::new();
         while let Some(mut job) = group.pop_front() {
             let mut writes = WriteSet::default();
             let keep = {
@@ -327,31 +355,26 @@ impl Writer {
             }
         }
         if outcome.changed {
-            if let Some(log) = self.log.as_mut() {
-                self.frame.clear();
-                wal::encode_group(&self.registry, &kept, &mut self.frame).map_err(|e| {
+            if self.log.is_some() {
+                let mut encoded = Vec::new();
+                wal::encode_group(&self.registry, &kept, &mut encoded).map_err(|e| {
                     StoreError::Internal {
                         message: format!("encoding a log frame failed: {e}"),
                     }
                 })?;
-                log.append(&self.frame)
-                    .map_err(|e| StoreError::OutcomeUnknown {
-                        cause: format!("writing the log failed: {e}").into(),
-                    })?;
-                Counters::add(
-                    &self.counters.log_bytes,
-                    (self.frame.len() + wal::format::FRAME_HEADER_LEN) as u64,
-                );
-                let records = self.tables.records;
-                self.overlay.add(
-                    kept.into_iter()
-                        .flat_map(|set| set.into_ops())
-                        .filter(|op| op.table == records)
-                        .map(|op| (op.key, op.value)),
-                );
+                payload = Some(encoded);
+                let table = self.tables.records;
+                records = kept
+                    .into_iter()
+                    .flat_map(WriteSet::into_ops)
+                    .filter(|op| op.table == table)
+                    .map(|op| (op.key, op.value))
+                    .collect();
             }
             Counters::add(&self.counters.groups_committed, 1);
         }
+        outcome.payload = payload;
+        outcome.records = records;
         Ok(outcome)
     }
 
@@ -393,11 +416,11 @@ impl Writer {
     /// Makes redb durable (with quick-repair, so a crash never forces a full scan), records the
     /// last logged frame as checkpointed, and lets the log reuse the segments before it. Runs
     /// between epochs, so everything logged is published.
-    fn checkpoint(&mut self) -> Result<(), redb::Error> {
-        let Some(log) = self.log.as_mut() else {
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        let Some(log) = self.log.as_ref() else {
             return Ok(());
         };
-        let seq = log.last_seq();
+        let seq = log.wait_durable()?;
         let mut txn = self.db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         txn.set_quick_repair(true);

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use crate::storage::LogDir;
 use crate::testing::{SimDisk, Violation};
-use crate::wal::format::{HEADER_LEN, Payload, Stop, later_frame, scan};
+use crate::wal::format::{HEADER_LEN, Stop, decode_frame, later_frame, scan};
 use crate::wal::recover;
 
 /// Reads `bytes` as a log segment, both with the pure scan and through recovery, and checks
@@ -37,7 +37,7 @@ pub fn check_log_decode(bytes: &[u8]) -> Result<usize, Violation> {
             return fail(format!("frame at {} runs past the end", frame.offset));
         }
         // Payloads of valid frames decode or fail cleanly.
-        let _ = Payload::decode(frame.payload);
+        let _ = decode_frame(frame.payload);
         expected_offset = frame.end();
         expected_seq = expected_seq.saturating_add(1);
     }

@@ -26,6 +26,9 @@ pub struct FaultPlan {
     /// The `n`-th sync since the disk was made (log and database together, as
     /// [`DiskCounters::syncs`] counts them) fails once; its writes stay unsynced.
     pub fail_sync: Option<u64>,
+    /// How long every sync of a log file takes: a slow disk, so that work queues up behind a
+    /// sync in flight as it does on real hardware (the simulated disk is otherwise instant).
+    pub log_sync_latency: Option<std::time::Duration>,
 }
 
 /// What a crash does to the write that was in flight.
@@ -244,6 +247,11 @@ impl SimDisk {
     }
 
     fn sync(&self, name: &str) -> io::Result<()> {
+        let latency = self.lock().plan.log_sync_latency;
+        if let Some(latency) = latency.filter(|_| name.starts_with("wal/")) {
+            // Outside the lock: other threads keep using the disk meanwhile.
+            std::thread::sleep(latency);
+        }
         let mut state = self.lock();
         Self::mutate(&mut state)?;
         if name.starts_with("wal/") {
@@ -545,6 +553,7 @@ mod tests {
             crash_at: Some(3),
             fail_at: Some(1),
             fail_sync: None,
+            log_sync_latency: None,
         });
         assert!(disk.write("x", 0, b"1").is_err(), "op 1 fails once");
         assert!(disk.write("x", 0, b"2").is_ok());

@@ -285,10 +285,11 @@ pub(crate) struct PayloadOp<'a> {
     pub(crate) value: Option<&'a [u8]>,
 }
 
-impl<'a> Payload<'a> {
-    pub(crate) fn decode(bytes: &'a [u8]) -> Result<Payload<'a>, postcard::Error> {
-        postcard::from_bytes(bytes)
-    }
+/// Decodes a frame's payload: the payloads of the groups it carries, in order. The log
+/// thread writes every group waiting for a sync as one frame, so a frame is
+/// `varint(groups) ‖ payload ‖ payload ...`, the postcard encoding of a sequence.
+pub(crate) fn decode_frame(bytes: &[u8]) -> Result<Vec<Payload<'_>>, postcard::Error> {
+    postcard::from_bytes(bytes)
 }
 
 #[cfg(test)]
@@ -385,7 +386,12 @@ mod tests {
             ],
         };
         let bytes = postcard::to_stdvec(&payload)?;
-        assert_eq!(Payload::decode(&bytes)?, payload);
+        assert_eq!(postcard::from_bytes::<Payload<'_>>(&bytes)?, payload);
+        // A frame of two groups is a sequence: varint(2) then both payloads.
+        let mut frame = vec![2];
+        frame.extend_from_slice(&bytes);
+        frame.extend_from_slice(&bytes);
+        assert_eq!(decode_frame(&frame)?, vec![payload.clone(), payload]);
         Ok(())
     }
 }

@@ -55,54 +55,56 @@ pub(crate) fn encode_group(
     Ok(())
 }
 
-/// Applies one frame's writes to `txn`, table by table, in the order they were made.
+/// Applies one frame's writes to `txn`: each group it carries, in order, table by table in
+/// the order the writes were made.
 pub(crate) fn replay_frame(
     registry: &Registry,
     txn: &WriteTransaction,
     frame: ReplayFrame<'_>,
     dir: &Path,
 ) -> Result<(), RecoveryError> {
-    let payload = Payload::decode(frame.payload).map_err(|e| RecoveryError::BadPayload {
+    let bad = |detail: String| RecoveryError::BadPayload {
         seq: frame.seq,
         segment: dir.join(frame.segment),
         offset: frame.offset,
-        detail: e.to_string(),
-    })?;
-    let ids = payload
-        .tables
-        .iter()
-        .map(|&name| {
-            registry
-                .id(name)
-                .ok_or_else(|| RecoveryError::UnknownTable {
-                    table: name.to_owned(),
-                    seq: frame.seq,
-                    segment: dir.join(frame.segment),
-                    offset: frame.offset,
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let bad_index = |index: u16| RecoveryError::BadPayload {
-        seq: frame.seq,
-        segment: dir.join(frame.segment),
-        offset: frame.offset,
-        detail: format!("op refers to table {index} of {}", ids.len()),
+        detail,
     };
-    let mut rest = payload.ops.as_slice();
-    while let Some(first) = rest.first() {
-        let run = rest
+    let groups = format::decode_frame(frame.payload).map_err(|e| bad(e.to_string()))?;
+    for payload in groups {
+        let ids = payload
+            .tables
             .iter()
-            .position(|op| op.table != first.table)
-            .unwrap_or(rest.len());
-        let id = *ids
-            .get(usize::from(first.table))
-            .ok_or_else(|| bad_index(first.table))?;
-        let mut ops = rest[..run].iter().map(|op| (op.key, op.value));
-        registry
-            .table(id)
-            .apply(txn, &mut ops)
-            .map_err(RecoveryError::Apply)?;
-        rest = &rest[run..];
+            .map(|&name| {
+                registry
+                    .id(name)
+                    .ok_or_else(|| RecoveryError::UnknownTable {
+                        table: name.to_owned(),
+                        seq: frame.seq,
+                        segment: dir.join(frame.segment),
+                        offset: frame.offset,
+                    })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut rest = payload.ops.as_slice();
+        while let Some(first) = rest.first() {
+            let run = rest
+                .iter()
+                .position(|op| op.table != first.table)
+                .unwrap_or(rest.len());
+            let id = *ids.get(usize::from(first.table)).ok_or_else(|| {
+                bad(format!(
+                    "op refers to table {} of {}",
+                    first.table,
+                    ids.len()
+                ))
+            })?;
+            let mut ops = rest[..run].iter().map(|op| (op.key, op.value));
+            registry
+                .table(id)
+                .apply(txn, &mut ops)
+                .map_err(RecoveryError::Apply)?;
+            rest = &rest[run..];
+        }
     }
     Ok(())
 }
