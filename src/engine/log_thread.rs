@@ -7,6 +7,10 @@
 //! an earlier group's writes, which must be durable first. There is never more than one
 //! unsynced frame, which recovery relies on.
 //!
+//! When there is nothing to overlap (the log thread is idle and no other request is waiting),
+//! the writer appends the group itself: handing it over would only add a thread hop to the
+//! latency of a lone client.
+//!
 //! If a write or sync fails, every group not yet durable fails, the store is poisoned, and
 //! every later submission fails too.
 
@@ -29,7 +33,7 @@ use super::poison::Poison;
 /// Payload bytes after which the log thread stops adding groups to a frame.
 const FRAME_BYTES: usize = 64 * 1024 * 1024;
 
-/// One group, handed from the writer to the log thread.
+/// One group, handed from the writer to the log.
 pub(crate) struct Submission {
     /// The group's encoded `Payload`, or `None` if it wrote nothing.
     pub(crate) payload: Option<Vec<u8>>,
@@ -39,13 +43,13 @@ pub(crate) struct Submission {
     pub(crate) jobs: Vec<Box<dyn Job>>,
 }
 
-enum Message {
-    Group(Submission),
-    /// Every frame up to `seq` is durable in redb: recycle segments.
-    Checkpointed {
-        seq: u64,
-        keep_free: usize,
-    },
+/// Whether the writer has other work that a hand-off would let it overlap with the sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handoff {
+    /// More requests are waiting: give the group to the log thread and go on.
+    Overlap,
+    /// Nothing else to do: append on this thread if the log thread is idle.
+    Inline,
 }
 
 #[derive(Debug, Default)]
@@ -59,15 +63,20 @@ struct State {
     failed: Option<StoreError>,
 }
 
-struct Shared {
+/// What the log thread and the writer's inline path share.
+struct Core {
+    log: Mutex<Log>,
     state: Mutex<State>,
     settled: Condvar,
     since_checkpoint: AtomicU64,
+    overlay: Arc<Overlay>,
+    counters: Arc<Counters>,
+    poison: Arc<Poison>,
 }
 
 pub(crate) struct LogThread {
-    sender: Option<Sender<Message>>,
-    shared: Arc<Shared>,
+    sender: Option<Sender<Submission>>,
+    core: Arc<Core>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -78,60 +87,57 @@ impl LogThread {
         counters: Arc<Counters>,
         poison: Arc<Poison>,
     ) -> std::io::Result<LogThread> {
-        let shared = Arc::new(Shared {
+        let core = Arc::new(Core {
             state: Mutex::new(State {
                 last_seq: log.last_seq(),
                 ..State::default()
             }),
-            settled: Condvar::new(),
             since_checkpoint: AtomicU64::new(log.since_checkpoint()),
-        });
-        let (sender, receiver) = channel();
-        let worker = Worker {
-            log,
+            log: Mutex::new(log),
+            settled: Condvar::new(),
             overlay,
             counters,
             poison,
-            shared: shared.clone(),
-            frame: Vec::new(),
-        };
+        });
+        let (sender, receiver) = channel();
+        let worker = core.clone();
         let handle = std::thread::Builder::new()
             .name("idemstore-log".into())
-            .spawn(move || worker.run(receiver))?;
+            .spawn(move || run(&worker, &receiver))?;
         Ok(LogThread {
             sender: Some(sender),
-            shared,
+            core,
             handle: Some(handle),
         })
     }
 
-    /// Hands a group over. Its jobs are answered by the log thread.
-    pub(crate) fn submit(&self, submission: Submission) {
-        self.shared.state.lock().submitted += 1;
-        let sent = self
-            .sender
-            .as_ref()
-            .map(|s| s.send(Message::Group(submission)));
+    /// Makes a group durable and answers it: here when nothing else is waiting and the log
+    /// thread is idle, else on the log thread.
+    pub(crate) fn submit(&self, submission: Submission, handoff: Handoff) {
+        let idle = {
+            let mut state = self.core.state.lock();
+            let idle = state.settled == state.submitted;
+            state.submitted += 1;
+            idle
+        };
+        if handoff == Handoff::Inline && idle {
+            // Every earlier group is settled, so answering this one now keeps the order.
+            flush(&self.core, &mut vec![submission]);
+            return;
+        }
+        let sent = self.sender.as_ref().map(|s| s.send(submission));
         if let Some(Err(unsent)) = sent {
-            // The log thread is gone (it only stops when the writer drops it); answer here.
-            if let Message::Group(submission) = unsent.0 {
-                let mut state = self.shared.state.lock();
-                state.settled += 1;
-                let e = state.failed.clone().unwrap_or(StoreError::Closed);
-                drop(state);
-                for job in submission.jobs {
-                    job.finish(Err(e.clone()));
-                }
-            }
+            // The log thread is gone (it only stops when the writer drops it): settle here.
+            flush(&self.core, &mut vec![unsent.0]);
         }
     }
 
     /// Waits until every group handed over is durable. Returns the last frame's sequence
     /// number, or the failure that stopped the log.
     pub(crate) fn wait_durable(&self) -> Result<u64, StoreError> {
-        let mut state = self.shared.state.lock();
+        let mut state = self.core.state.lock();
         while state.settled < state.submitted && state.failed.is_none() {
-            self.shared.settled.wait(&mut state);
+            self.core.settled.wait(&mut state);
         }
         match &state.failed {
             Some(e) => Err(e.clone()),
@@ -141,15 +147,14 @@ impl LogThread {
 
     /// Frame bytes written since the last checkpoint.
     pub(crate) fn since_checkpoint(&self) -> u64 {
-        self.shared.since_checkpoint.load(Ordering::Relaxed)
+        self.core.since_checkpoint.load(Ordering::Relaxed)
     }
 
-    /// Every frame up to `seq` is durable in redb.
+    /// Every frame up to `seq` is durable in redb: reuse or delete the segments before it.
+    /// Called by the writer after `wait_durable`, so no group is in flight.
     pub(crate) fn checkpointed(&self, seq: u64, keep_free: usize) {
-        self.shared.since_checkpoint.store(0, Ordering::Relaxed);
-        if let Some(sender) = &self.sender {
-            let _ = sender.send(Message::Checkpointed { seq, keep_free });
-        }
+        self.core.since_checkpoint.store(0, Ordering::Relaxed);
+        self.core.log.lock().checkpointed(seq, keep_free);
     }
 }
 
@@ -162,109 +167,86 @@ impl Drop for LogThread {
     }
 }
 
-struct Worker {
-    log: Log,
-    overlay: Arc<Overlay>,
-    counters: Arc<Counters>,
-    poison: Arc<Poison>,
-    shared: Arc<Shared>,
-    frame: Vec<u8>,
+/// The log thread's loop: take everything waiting, one frame, one sync, answer in order.
+fn run(core: &Core, receiver: &Receiver<Submission>) {
+    let mut batch: Vec<Submission> = Vec::new();
+    while let Ok(first) = receiver.recv() {
+        let mut bytes = 0;
+        let mut next = Some(first);
+        while let Some(submission) = next.take() {
+            bytes += submission.payload.as_ref().map_or(0, Vec::len);
+            batch.push(submission);
+            if bytes < FRAME_BYTES {
+                next = receiver.try_recv().ok();
+            }
+        }
+        flush(core, &mut batch);
+    }
 }
 
-impl Worker {
-    fn run(mut self, receiver: Receiver<Message>) {
-        let mut batch: Vec<Submission> = Vec::new();
-        while let Ok(first) = receiver.recv() {
-            let mut next = Some(first);
-            while let Some(message) = next.take() {
-                match message {
-                    Message::Checkpointed { seq, keep_free } => {
-                        self.flush(&mut batch);
-                        self.log.checkpointed(seq, keep_free);
-                    }
-                    Message::Group(submission) => {
-                        batch.push(submission);
-                        let bytes: usize = batch
-                            .iter()
-                            .filter_map(|s| s.payload.as_ref())
-                            .map(Vec::len)
-                            .sum();
-                        if bytes < FRAME_BYTES {
-                            next = receiver.try_recv().ok();
-                        }
-                    }
-                }
-            }
-            self.flush(&mut batch);
-        }
+/// Writes the batch's groups as one frame, syncs it, then adds their records to the overlay
+/// and answers them in order.
+fn flush(core: &Core, batch: &mut Vec<Submission>) {
+    if batch.is_empty() {
+        return;
     }
-
-    /// Writes the batch's groups as one frame, syncs it, then answers them in order.
-    fn flush(&mut self, batch: &mut Vec<Submission>) {
-        if batch.is_empty() {
-            return;
-        }
-        let failed = self.shared.state.lock().failed.clone();
-        let result = match failed {
-            Some(e) => Err(e),
-            None => self.write(batch),
-        };
-        let n = batch.len() as u64;
+    let failed = core.state.lock().failed.clone();
+    let result = match failed {
+        Some(e) => Err(e),
+        None => write(core, batch),
+    };
+    match &result {
+        Ok(_) => core.overlay.add(
+            batch
+                .iter_mut()
+                .flat_map(|s| std::mem::take(&mut s.records)),
+        ),
+        Err(e) => core.poison.set(&e.to_string()),
+    }
+    {
+        let mut state = core.state.lock();
+        state.settled += batch.len() as u64;
         match &result {
-            Ok(_) => {
-                self.overlay.add(
-                    batch
-                        .iter_mut()
-                        .flat_map(|s| std::mem::take(&mut s.records)),
-                );
+            Ok(Some(seq)) => state.last_seq = *seq,
+            Ok(None) => {}
+            Err(e) => {
+                state.failed.get_or_insert_with(|| e.clone());
             }
-            Err(e) => self.poison.set(&e.to_string()),
-        }
-        {
-            let mut state = self.shared.state.lock();
-            state.settled += n;
-            match &result {
-                Ok(Some(seq)) => state.last_seq = *seq,
-                Ok(None) => {}
-                Err(e) => {
-                    state.failed.get_or_insert_with(|| e.clone());
-                }
-            }
-        }
-        self.shared.settled.notify_all();
-        let answer = result.map(|_| ());
-        let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
-        Counters::add(&self.counters.requests, jobs.len() as u64);
-        for job in jobs {
-            job.finish(answer.clone());
         }
     }
+    core.settled.notify_all();
+    let answer = result.map(|_| ());
+    let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
+    Counters::add(&core.counters.requests, jobs.len() as u64);
+    for job in jobs {
+        job.finish(answer.clone());
+    }
+}
 
-    /// The frame for a batch: `varint(groups) ‖ payload ‖ payload ...`, which is the postcard
-    /// encoding of a sequence of payloads. `Ok(None)` if no group wrote anything.
-    fn write(&mut self, batch: &[Submission]) -> Result<Option<u64>, StoreError> {
-        let payloads: Vec<&Vec<u8>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
-        if payloads.is_empty() {
-            return Ok(None);
-        }
-        self.frame.clear();
-        put_varint(&mut self.frame, payloads.len() as u64);
-        for payload in payloads {
-            self.frame.extend_from_slice(payload);
-        }
-        let seq = self
-            .log
-            .append(&self.frame)
-            .map_err(|e| StoreError::OutcomeUnknown {
-                cause: format!("writing the log failed: {e}").into(),
-            })?;
-        let written = (self.frame.len() + FRAME_HEADER_LEN) as u64;
-        Counters::add(&self.counters.log_bytes, written);
-        self.shared
-            .since_checkpoint
-            .fetch_add(written, Ordering::Relaxed);
-        Ok(Some(seq))
+/// Appends the frame for a batch: `varint(groups) ‖ payload ‖ payload ...`, which is the
+/// postcard encoding of a sequence of payloads. `Ok(None)` if no group wrote anything.
+fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, StoreError> {
+    let payloads: Vec<&Vec<u8>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
+    if payloads.is_empty() {
+        return Ok(None);
     }
+    let len = payloads.iter().map(|p| p.len()).sum::<usize>() + 10;
+    let mut frame = Vec::with_capacity(len);
+    put_varint(&mut frame, payloads.len() as u64);
+    for payload in payloads {
+        frame.extend_from_slice(payload);
+    }
+    let seq = core
+        .log
+        .lock()
+        .append(&frame)
+        .map_err(|e| StoreError::OutcomeUnknown {
+            cause: format!("writing the log failed: {e}").into(),
+        })?;
+    let written = (frame.len() + FRAME_HEADER_LEN) as u64;
+    Counters::add(&core.counters.log_bytes, written);
+    core.since_checkpoint.fetch_add(written, Ordering::Relaxed);
+    Ok(Some(seq))
 }
 
 /// LEB128, as postcard encodes a sequence length.

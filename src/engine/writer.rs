@@ -29,7 +29,7 @@ use crate::wal;
 use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, Keep, panic_message};
-use super::log_thread::{LogThread, Submission};
+use super::log_thread::{Handoff, LogThread, Submission};
 use super::meta;
 use super::open_tables::OpenTables;
 use super::overlay::Overlay;
@@ -218,21 +218,34 @@ impl Writer {
             changed |= outcome.changed;
             bytes += outcome.bytes;
             needs = needs.max(outcome.needs);
+            // With more requests waiting, the log thread syncs while the writer goes on; with
+            // none, the writer appends itself rather than add a thread hop.
+            let handoff = if group.is_empty() && self.counters.queued.load(Ordering::Relaxed) == 0 {
+                Handoff::Inline
+            } else {
+                Handoff::Overlap
+            };
             match self.log.as_ref() {
-                // The log thread answers the group once it (and everything before it) is
-                // durable and its records are in the overlay.
-                Some(log) if outcome.needs == Needs::Durable => log.submit(Submission {
-                    payload: outcome.payload,
-                    records: outcome.records,
-                    jobs: done,
-                }),
-                // Logged now, answered once the epoch is published.
-                Some(log) => {
-                    log.submit(Submission {
+                // Answered once it (and everything before it) is durable and its records are
+                // in the overlay.
+                Some(log) if outcome.needs == Needs::Durable => log.submit(
+                    Submission {
                         payload: outcome.payload,
                         records: outcome.records,
-                        jobs: Vec::new(),
-                    });
+                        jobs: done,
+                    },
+                    handoff,
+                ),
+                // Logged now, answered once the epoch is published.
+                Some(log) => {
+                    log.submit(
+                        Submission {
+                            payload: outcome.payload,
+                            records: outcome.records,
+                            jobs: Vec::new(),
+                        },
+                        handoff,
+                    );
                     after_publish.extend(done);
                 }
                 None => after_publish.extend(done),
