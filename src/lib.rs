@@ -99,16 +99,16 @@ pub use config::{
 };
 pub use engine::lifecycle::{Backlog, Evicted};
 pub use error::{
-    BeginError, BoxError, ClaimError, CommitError, CorruptRecord, Error, FingerprintError,
-    OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim, StaleReason,
-    StoreError, TxError, WriteError,
+    BeginError, BoxError, ClaimError, CommitError, CompactError, CorruptRecord, Error,
+    FingerprintError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim,
+    StaleReason, StoreError, TxError, WriteError,
 };
 pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
 pub use read::ReadTx;
 pub use record::{Record, RecordState};
 pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
-pub use store::{Counts, Stats, Store};
+pub use store::{Compacted, Counts, Stats, Store};
 pub use tx::{OwnedValue, Tx};
 pub use wal::RecoveryReport;
 

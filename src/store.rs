@@ -15,7 +15,7 @@ use crate::engine::job::Keep;
 use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
 use crate::engine::registry::Registry;
 use crate::engine::tables::InternalTables;
-use crate::error::{BeginError, BoxError, OpenError, StoreError, WriteError};
+use crate::error::{BeginError, BoxError, CompactError, OpenError, StoreError, WriteError};
 use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
 use crate::record::{Record, RecordState};
@@ -48,6 +48,22 @@ pub struct Counts {
     pub expiry_entries: u64,
     /// In-progress records in the lease index.
     pub lease_entries: u64,
+}
+
+/// What [`Store::compact`] did to the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    /// The file's size before, in bytes.
+    pub bytes_before: u64,
+    /// The file's size after, in bytes.
+    pub bytes_after: u64,
+}
+
+impl Compacted {
+    /// Bytes given back to the file system.
+    pub fn reclaimed(&self) -> u64 {
+        self.bytes_before.saturating_sub(self.bytes_after)
+    }
 }
 
 /// What the writer has done since the store was opened.
@@ -213,6 +229,33 @@ impl Store {
             ctx.need(Needs::Checkpointed);
             (Keep::Nothing, ())
         })
+    }
+
+    /// Rewrites the database file to give back the space of deleted and overwritten data
+    /// (after evicting many records, say). Runs on the writer between groups, after a
+    /// checkpoint; requests wait meanwhile. Needs every read snapshot (`Store::read`) dropped.
+    ///
+    /// # Errors
+    /// [`CompactError::SnapshotOpen`] while a snapshot is open; storage errors.
+    pub fn compact(&self) -> Result<Compacted, CompactError> {
+        let bytes_before = self.engine.db_len()?;
+        let result = self.engine.exclusive(|db| {
+            // redb compacts in passes; stop when a pass finds nothing more to move.
+            for _ in 0..16 {
+                if !db.compact()? {
+                    break;
+                }
+            }
+            Ok::<(), redb::CompactionError>(())
+        })?;
+        match result {
+            Ok(()) => Ok(Compacted {
+                bytes_before,
+                bytes_after: self.engine.db_len()?,
+            }),
+            Err(redb::CompactionError::TransactionInProgress) => Err(CompactError::SnapshotOpen),
+            Err(e) => Err(CompactError::Storage(e.to_string())),
+        }
     }
 
     /// How many records and index entries the store holds.

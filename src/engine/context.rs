@@ -29,6 +29,9 @@ pub(crate) enum Needs {
     Published,
     /// Everything acknowledged so far is durable in redb itself (a checkpoint).
     Checkpointed,
+    /// After a checkpoint, the database to itself (for compaction): the job's
+    /// [`Job::exclusive`](super::job::Job::exclusive) runs then.
+    Exclusive,
 }
 
 impl<'a> Context<'a> {

@@ -26,6 +26,58 @@ pub(crate) trait Job: Send {
     fn run(&mut self, tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> Keep;
     /// Answers the caller: `Ok` once the group is durable, or the group's error.
     fn finish(self: Box<Self>, group: Result<(), StoreError>);
+    /// For jobs that asked for `Needs::Exclusive`: runs with the database to itself, after
+    /// everything before it is published and checkpointed, before `finish`.
+    fn exclusive(&mut self, _db: &mut redb::Database) {}
+}
+
+/// A job that needs the database to itself: `work` runs in `exclusive`.
+pub(crate) struct ExclusiveTask<W, R, S> {
+    work: Option<W>,
+    answer: Option<R>,
+    reply: S,
+}
+
+impl<W, R, S> ExclusiveTask<W, R, S>
+where
+    W: FnOnce(&mut redb::Database) -> R + Send + 'static,
+    R: Send + 'static,
+    S: FnOnce(Result<R, StoreError>) + Send + 'static,
+{
+    pub(crate) fn boxed(work: W, reply: S) -> Box<dyn Job> {
+        Box::new(ExclusiveTask {
+            work: Some(work),
+            answer: None,
+            reply,
+        })
+    }
+}
+
+impl<W, R, S> Job for ExclusiveTask<W, R, S>
+where
+    W: FnOnce(&mut redb::Database) -> R + Send,
+    R: Send,
+    S: FnOnce(Result<R, StoreError>) + Send,
+{
+    fn run(&mut self, _tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> Keep {
+        ctx.need(super::context::Needs::Exclusive);
+        Keep::Nothing
+    }
+
+    fn exclusive(&mut self, db: &mut redb::Database) {
+        if let Some(work) = self.work.take() {
+            self.answer = Some(work(db));
+        }
+    }
+
+    fn finish(self: Box<Self>, group: Result<(), StoreError>) {
+        let ExclusiveTask { answer, reply, .. } = *self;
+        reply(group.and_then(|()| {
+            answer.ok_or(StoreError::Internal {
+                message: "an exclusive job was answered without running".into(),
+            })
+        }));
+    }
 }
 
 /// A job built from two closures: `work` computes the answer, `reply` delivers it.

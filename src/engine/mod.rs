@@ -19,6 +19,8 @@ pub(crate) mod write_set;
 mod writer;
 
 use std::sync::Arc;
+
+use parking_lot::RwLock;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::{JoinHandle, ThreadId};
@@ -37,7 +39,7 @@ use crate::wal::{self, Log, RecoveryReport};
 use self::context::Context;
 use self::context::Needs;
 use self::counters::Counters;
-use self::job::{Job, Keep, Task};
+use self::job::{ExclusiveTask, Job, Keep, Task};
 use self::log_thread::LogThread;
 use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
@@ -55,13 +57,16 @@ const REPLAY_FRAMES_PER_TXN: u64 = 4096;
 
 #[derive(Debug)]
 pub(crate) struct Engine {
-    db: Arc<Database>,
+    /// Read-locked only for the instant a transaction begins; write-locked by the writer
+    /// for compaction, which needs the database to itself.
+    db: Arc<RwLock<Database>>,
     registry: Arc<Registry>,
     tables: InternalTables,
     config: Arc<Config>,
     poison: Arc<Poison>,
     counters: Arc<Counters>,
     overlay: Arc<Overlay>,
+    storage: Storage,
     recovery: RecoveryReport,
     /// `None` only while dropping: closing it is what stops the writer.
     queue: Option<SyncSender<Box<dyn Job>>>,
@@ -101,7 +106,7 @@ impl Engine {
         }
         let next_fence = meta::load(&db)?.next_fence;
 
-        let db = Arc::new(db);
+        let db = Arc::new(RwLock::new(db));
         let registry = Arc::new(registry);
         let config = Arc::new(config);
         let poison = Arc::new(Poison::default());
@@ -139,6 +144,7 @@ impl Engine {
             poison,
             counters,
             overlay,
+            storage,
             recovery,
             queue: Some(queue),
             writer_id: handle.thread().id(),
@@ -160,6 +166,26 @@ impl Engine {
 
     pub(crate) fn recovery(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    /// Runs `work` on the writer with the database to itself, after everything acknowledged
+    /// so far is published and checkpointed.
+    pub(crate) fn exclusive<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Database) -> R + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let (answer, receiver) = sync_channel(1);
+        self.submit(ExclusiveTask::boxed(work, move |result| {
+            let _ = answer.send(result);
+        }))?;
+        receiver.recv().map_err(|_| self.stopped())?
+    }
+
+    /// The size of the database file, in bytes.
+    pub(crate) fn db_len(&self) -> Result<u64, StoreError> {
+        self.storage
+            .db_len()
+            .map_err(|e| StoreError::Redb(Arc::new(redb::StorageError::Io(e).into())))
     }
 
     /// Runs `work` on the writer inside the next group and returns its answer once the group is
@@ -208,7 +234,7 @@ impl Engine {
                 (Keep::Nothing, ())
             })?;
         }
-        Ok(self.db.begin_read()?)
+        Ok(self.db.read().begin_read()?)
     }
 
     /// The stored record of a scope (expired records included): from the overlay if a durable
@@ -230,7 +256,7 @@ impl Engine {
             Overlaid::Deleted => return Ok(None),
             Overlaid::Absent => {}
         }
-        let txn = self.db.begin_read()?;
+        let txn = self.db.read().begin_read()?;
         let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
         let Some(bytes) = table.get(scope.encode())? else {
             return Ok(None);

@@ -18,6 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
 use redb::{Database, WriteTransaction};
 
 use crate::clock::Timestamp;
@@ -62,7 +63,7 @@ struct GroupOutcome {
 }
 
 pub(crate) struct Writer {
-    db: Arc<Database>,
+    db: Arc<RwLock<Database>>,
     registry: Arc<Registry>,
     tables: InternalTables,
     config: Arc<Config>,
@@ -82,7 +83,7 @@ impl Writer {
         reason = "the writer's whole state, given once"
     )]
     pub(crate) fn new(
-        db: Arc<Database>,
+        db: Arc<RwLock<Database>>,
         registry: Arc<Registry>,
         tables: InternalTables,
         config: Arc<Config>,
@@ -284,9 +285,15 @@ impl Writer {
         };
         let result = published.and_then(|()| {
             self.overlay.published();
-            if needs == Needs::Checkpointed {
+            if needs >= Needs::Checkpointed {
                 self.checkpoint()
                     .map_err(|e| self.unknown("checkpoint failed", &e))?;
+            }
+            if needs == Needs::Exclusive {
+                let mut db = self.db.write();
+                for job in &mut after_publish {
+                    job.exclusive(&mut db);
+                }
             }
             Ok(())
         });
@@ -312,7 +319,7 @@ impl Writer {
     /// An epoch's transaction: committed without a sync in `Wal` mode (the log has every
     /// group), durably in `Redb` mode (its commit is what makes the group durable).
     fn begin_txn(&self) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.db.begin_write()?;
+        let mut txn = self.db.read().begin_write()?;
         txn.set_durability(match self.config.durability {
             Durability::Wal => redb::Durability::None,
             Durability::Redb => redb::Durability::Immediate,
@@ -434,7 +441,7 @@ impl Writer {
             return Ok(());
         };
         let seq = log.wait_durable()?;
-        let mut txn = self.db.begin_write()?;
+        let mut txn = self.db.read().begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         txn.set_quick_repair(true);
         meta::set_log_checkpoint(&txn, seq)?;

@@ -4,6 +4,7 @@
 
 mod input;
 mod lifecycle;
+mod maintenance;
 mod open;
 mod recovery;
 mod store;
@@ -11,6 +12,7 @@ mod tx;
 
 pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
 pub use lifecycle::{BeginError, ClaimError, CommitError, StaleClaim, StaleReason, WriteError};
+pub use maintenance::CompactError;
 pub use open::OpenError;
 pub use recovery::RecoveryError;
 pub use store::StoreError;
@@ -45,6 +47,9 @@ pub enum Error {
     /// See [`WriteError`].
     #[error(transparent)]
     Write(#[from] WriteError),
+    /// See [`CompactError`].
+    #[error(transparent)]
+    Compact(#[from] CompactError),
     /// See [`ReadError`].
     #[error(transparent)]
     Read(#[from] ReadError),

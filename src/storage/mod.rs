@@ -148,6 +148,15 @@ impl Storage {
         }
     }
 
+    /// The size of the database file in bytes.
+    pub(crate) fn db_len(&self) -> io::Result<u64> {
+        match self {
+            Storage::Directory(dir) => Ok(std::fs::metadata(dir.join(DB_FILE))?.len()),
+            #[cfg(feature = "testing")]
+            Storage::Simulated(disk) => Ok(disk.file(DB_FILE).map_or(0, |f| f.len() as u64)),
+        }
+    }
+
     /// The database file, to name in messages.
     pub(crate) fn db_path(&self) -> PathBuf {
         match self {

@@ -1,0 +1,19 @@
+//! Errors from maintenance operations.
+
+use super::StoreError;
+
+/// `compact` did not run. Nothing was changed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompactError {
+    /// A read snapshot is still open (a [`ReadTx`](crate::ReadTx) the caller holds):
+    /// compaction moves pages that a snapshot may still read.
+    #[error("a read snapshot (Store::read) is still open; drop it and compact again")]
+    SnapshotOpen,
+    /// redb refused or failed.
+    #[error("compaction failed: {0}")]
+    Storage(String),
+    /// The store could not run it (poisoned, closed).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
