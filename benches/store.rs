@@ -81,7 +81,7 @@ fn claim_commit(c: &mut Criterion) {
     let mut group = c.benchmark_group("claim_commit");
     group.throughput(Throughput::Elements(1));
     group.sample_size(10);
-    group.measurement_time(Duration::from_secs(5));
+    group.measurement_time(Duration::from_secs(4));
     for durability in [Durability::Wal, Durability::Redb] {
         for clients in [1u64, 4, 16, 64] {
             let dir = tempfile::tempdir().expect("dir");
