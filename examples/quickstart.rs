@@ -141,7 +141,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     Begin::Replay(_) => {
                         replayed.fetch_add(1, Ordering::SeqCst);
                     }
-                    Begin::Recovered(_) | Begin::Mismatch => {}
+                    Begin::Recovered(_) | Begin::Mismatch | Begin::Expired { .. } => {}
                 }
                 Ok(())
             })

@@ -52,6 +52,22 @@ impl Builder {
         self
     }
 
+    /// How long to keep a tombstone after a completed record's TTL: a compact marker (scope,
+    /// fingerprint, completed_at) without the response, so that a retry arriving after the TTL
+    /// is told [`Begin::Expired`](crate::Begin::Expired) ("this completed; its response is no
+    /// longer kept") instead of running the operation a second time.
+    ///
+    /// The trade-off: a tombstone costs about 80 bytes of disk per key for this long, and a
+    /// client can no longer reuse the key for a new operation until it goes; without
+    /// tombstones, a retry after the TTL is treated as a new request and runs again.
+    ///
+    /// Default = 0 (off). Valid: 0 ..= 3650 days.
+    #[must_use]
+    pub fn tombstone_ttl(mut self, ttl: Duration) -> Self {
+        self.config.tombstone_ttl = ttl;
+        self
+    }
+
     /// How long a claim holds its key before another attempt may take it over. Choose it longer
     /// than the work normally takes; long work should [`extend`](crate::Claim::extend) it.
     ///

@@ -40,6 +40,13 @@ pub enum Begin {
     /// The scope is held or completed for a different request (another fingerprint): the key
     /// was reused for a different operation. Nothing was written.
     Mismatch,
+    /// The request completed at `completed_at`, but its response was evicted after the TTL
+    /// (a tombstone remains, see `Builder::tombstone_ttl`). It must not run again; the client
+    /// should look the result up by other means. Nothing was written.
+    Expired {
+        /// When the operation completed.
+        completed_at: Timestamp,
+    },
 }
 
 /// Ownership of a scope while the work runs.

@@ -46,6 +46,7 @@ pub const MAX_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Duration,
+    pub(crate) tombstone_ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) max_response_bytes: usize,
     pub(crate) max_checkpoint_bytes: usize,
@@ -61,6 +62,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             ttl: Duration::from_secs(24 * 3600),
+            tombstone_ttl: Duration::ZERO,
             lease: Duration::from_secs(30),
             max_response_bytes: 1024 * 1024,
             max_checkpoint_bytes: 64 * 1024,
@@ -81,6 +83,12 @@ impl Config {
             return invalid(
                 "ttl",
                 format!("{:?} is outside 1 ms ..= 3650 days", self.ttl),
+            );
+        }
+        if self.tombstone_ttl > MAX_TTL {
+            return invalid(
+                "tombstone_ttl",
+                format!("{:?} is over 3650 days", self.tombstone_ttl),
             );
         }
         if self.lease < Duration::from_millis(1) || self.lease > MAX_LEASE {

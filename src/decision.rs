@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::error::StaleReason;
 use crate::fingerprint::Fingerprint;
-use crate::record::{Record, RecordState};
+use crate::record::{Record, RecordState, Visibility};
 use crate::response::Response;
 
 /// What `begin` must do, decided from the stored record alone.
@@ -25,22 +25,33 @@ pub(crate) enum Decision {
     InProgress { retry_after: Duration },
     /// The scope is held or completed for a different request.
     Mismatch,
+    /// The same request completed, but its response was evicted; the tombstone remains.
+    Expired { completed_at: Timestamp },
 }
 
-/// The table in DESIGN.md, as code.
+/// The table in DESIGN.md, as code. `tombstone_ttl` is how long a completed record past its
+/// TTL still answers `Expired` (zero: tombstones are off).
 pub(crate) fn decide(
     existing: Option<&Record>,
     fingerprint: &Fingerprint,
     now: Timestamp,
+    tombstone_ttl: Duration,
 ) -> Decision {
-    let Some(record) = existing.filter(|r| !r.is_expired(now)) else {
+    let Some(record) = existing else {
         return Decision::Claim;
     };
+    let visibility = record.visibility(now, tombstone_ttl);
+    if visibility == Visibility::Gone {
+        return Decision::Claim;
+    }
     if record.fingerprint != *fingerprint {
         return Decision::Mismatch;
     }
+    if let Visibility::Tombstone { completed_at, .. } = visibility {
+        return Decision::Expired { completed_at };
+    }
     match &record.state {
-        RecordState::Completed { .. } => Decision::Replay,
+        RecordState::Completed { .. } | RecordState::Tombstone { .. } => Decision::Replay,
         RecordState::InProgress { lease_until, .. } if *lease_until > now => Decision::InProgress {
             retry_after: lease_until.saturating_since(now),
         },
@@ -73,7 +84,7 @@ pub(crate) fn claimed(
 pub(crate) fn taken_over(previous: &Record, fence: u64, now: Timestamp, lease: Duration) -> Record {
     let checkpoint = match &previous.state {
         RecordState::InProgress { checkpoint, .. } => checkpoint.clone(),
-        RecordState::Completed { .. } => None,
+        RecordState::Completed { .. } | RecordState::Tombstone { .. } => None,
     };
     Record {
         fence,
@@ -115,7 +126,9 @@ pub(crate) fn check_fence(existing: Option<&Record>, fence: u64) -> Result<&Reco
     }
     match record.state {
         RecordState::InProgress { .. } => Ok(record),
-        RecordState::Completed { .. } => Err(StaleReason::AlreadyCompleted),
+        RecordState::Completed { .. } | RecordState::Tombstone { .. } => {
+            Err(StaleReason::AlreadyCompleted)
+        }
     }
 }
 
@@ -136,14 +149,17 @@ mod tests {
 
     #[test]
     fn absent_is_claimed() {
-        assert_eq!(decide(None, &fp("a"), t(0)), Decision::Claim);
+        assert_eq!(
+            decide(None, &fp("a"), t(0), Duration::ZERO),
+            Decision::Claim
+        );
     }
 
     #[test]
     fn live_lease_same_request_is_in_progress_with_remaining_lease() {
         let rec = claimed(fp("a"), 1, t(1_000), LEASE);
         assert_eq!(
-            decide(Some(&rec), &fp("a"), t(11_000)),
+            decide(Some(&rec), &fp("a"), t(11_000), Duration::ZERO),
             Decision::InProgress {
                 retry_after: Duration::from_secs(20)
             }
@@ -154,10 +170,13 @@ mod tests {
     fn expired_lease_is_taken_over_exactly_at_expiry() {
         let rec = claimed(fp("a"), 1, t(0), LEASE);
         assert!(matches!(
-            decide(Some(&rec), &fp("a"), t(29_999)),
+            decide(Some(&rec), &fp("a"), t(29_999), Duration::ZERO),
             Decision::InProgress { .. }
         ));
-        assert_eq!(decide(Some(&rec), &fp("a"), t(30_000)), Decision::TakeOver);
+        assert_eq!(
+            decide(Some(&rec), &fp("a"), t(30_000), Duration::ZERO),
+            Decision::TakeOver
+        );
     }
 
     #[test]
@@ -165,12 +184,18 @@ mod tests {
         let held = claimed(fp("a"), 1, t(0), LEASE);
         let expired_lease = held.clone();
         let done = completed(&held, Response::new(200, b"ok".to_vec()), t(5), TTL);
-        assert_eq!(decide(Some(&held), &fp("b"), t(1)), Decision::Mismatch);
         assert_eq!(
-            decide(Some(&expired_lease), &fp("b"), t(60_000)),
+            decide(Some(&held), &fp("b"), t(1), Duration::ZERO),
             Decision::Mismatch
         );
-        assert_eq!(decide(Some(&done), &fp("b"), t(10)), Decision::Mismatch);
+        assert_eq!(
+            decide(Some(&expired_lease), &fp("b"), t(60_000), Duration::ZERO),
+            Decision::Mismatch
+        );
+        assert_eq!(
+            decide(Some(&done), &fp("b"), t(10), Duration::ZERO),
+            Decision::Mismatch
+        );
     }
 
     #[test]
@@ -178,11 +203,62 @@ mod tests {
         let held = claimed(fp("a"), 1, t(0), LEASE);
         let done = completed(&held, Response::new(201, b"x".to_vec()), t(100), TTL);
         assert_eq!(
-            decide(Some(&done), &fp("a"), t(3_600_099)),
+            decide(Some(&done), &fp("a"), t(3_600_099), Duration::ZERO),
             Decision::Replay
         );
-        assert_eq!(decide(Some(&done), &fp("a"), t(3_600_100)), Decision::Claim);
-        assert_eq!(decide(Some(&done), &fp("b"), t(3_600_100)), Decision::Claim);
+        assert_eq!(
+            decide(Some(&done), &fp("a"), t(3_600_100), Duration::ZERO),
+            Decision::Claim
+        );
+        assert_eq!(
+            decide(Some(&done), &fp("b"), t(3_600_100), Duration::ZERO),
+            Decision::Claim
+        );
+    }
+
+    #[test]
+    fn with_tombstones_a_completed_record_past_its_ttl_answers_expired_then_goes() {
+        let tomb = Duration::from_secs(7 * 24 * 3600);
+        let held = claimed(fp("a"), 1, t(0), LEASE);
+        let done = completed(&held, Response::new(201, b"x".to_vec()), t(100), TTL);
+        let expires = 100 + 3_600_000;
+        assert_eq!(
+            decide(Some(&done), &fp("a"), t(expires - 1), tomb),
+            Decision::Replay
+        );
+        assert_eq!(
+            decide(Some(&done), &fp("a"), t(expires), tomb),
+            Decision::Expired {
+                completed_at: t(100)
+            }
+        );
+        assert_eq!(
+            decide(Some(&done), &fp("b"), t(expires), tomb),
+            Decision::Mismatch
+        );
+        let gone = expires + 7 * 24 * 3_600_000;
+        assert_eq!(
+            decide(Some(&done), &fp("a"), t(gone), tomb),
+            Decision::Claim
+        );
+        // The same answers once eviction has turned the record into a tombstone.
+        let marker = Record {
+            state: RecordState::Tombstone {
+                completed_at: t(100),
+                until: t(gone),
+            },
+            ..done.clone()
+        };
+        assert_eq!(
+            decide(Some(&marker), &fp("a"), t(expires), tomb),
+            Decision::Expired {
+                completed_at: t(100)
+            }
+        );
+        assert_eq!(
+            decide(Some(&marker), &fp("a"), t(gone), tomb),
+            Decision::Claim
+        );
     }
 
     #[test]

@@ -32,6 +32,7 @@
 //!         Begin::Replay(stored) => assert_eq!(stored.body(), b"order 1"), // the retry
 //!         Begin::InProgress { retry_after } => println!("409, retry in {retry_after:?}"),
 //!         Begin::Mismatch => println!("422: key reused for another request"),
+//!         Begin::Expired { .. } => println!("410: done long ago, response no longer kept"),
 //!     }
 //! }
 //! let orders = store.read()?.open_table(ORDERS)?;

@@ -14,6 +14,7 @@ pub(crate) const RECORD_VERSION: u8 = 1;
 
 const STATE_IN_PROGRESS: u8 = 1;
 const STATE_COMPLETED: u8 = 2;
+const STATE_TOMBSTONE: u8 = 3;
 
 /// The stored state of one scope, as [`Store::get`](crate::Store::get) returns it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +46,28 @@ pub enum RecordState {
         /// What every retry gets back.
         response: Response,
     },
+    /// The work committed, but its response was evicted after the TTL; a retry is told
+    /// [`Begin::Expired`](crate::Begin::Expired) until `until` instead of running again.
+    Tombstone {
+        /// When the commit happened.
+        completed_at: Timestamp,
+        /// When the marker goes too (TTL + tombstone TTL after the commit).
+        until: Timestamp,
+    },
+}
+
+/// Where a record stands at a given time, given the store's retention settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Visibility {
+    /// In progress, or completed within its TTL.
+    Live,
+    /// Completed, past its TTL but within the tombstone TTL: answers `Expired`.
+    Tombstone {
+        completed_at: Timestamp,
+        until: Timestamp,
+    },
+    /// Past everything: treated as absent.
+    Gone,
 }
 
 impl Record {
@@ -73,17 +96,54 @@ impl Record {
         &self.state
     }
 
-    /// The stored response, if completed.
+    /// The stored response, if completed (and not yet evicted).
     pub fn response(&self) -> Option<&Response> {
         match &self.state {
             RecordState::Completed { response, .. } => Some(response),
-            RecordState::InProgress { .. } => None,
+            RecordState::InProgress { .. } | RecordState::Tombstone { .. } => None,
         }
     }
 
-    /// True once a completed record's TTL has passed: it is then treated as absent.
-    pub(crate) fn is_expired(&self, now: Timestamp) -> bool {
-        matches!(self.state, RecordState::Completed { expires_at, .. } if expires_at <= now)
+    /// Where the record stands at `now`: a completed record past its TTL is a tombstone for
+    /// `tombstone_ttl` more (whether or not eviction has turned it into one yet), then gone.
+    pub(crate) fn visibility(
+        &self,
+        now: Timestamp,
+        tombstone_ttl: std::time::Duration,
+    ) -> Visibility {
+        match self.state {
+            RecordState::InProgress { .. } => Visibility::Live,
+            RecordState::Completed {
+                completed_at,
+                expires_at,
+                ..
+            } => {
+                let until = expires_at.saturating_add(tombstone_ttl);
+                if now < expires_at {
+                    Visibility::Live
+                } else if now < until {
+                    Visibility::Tombstone {
+                        completed_at,
+                        until,
+                    }
+                } else {
+                    Visibility::Gone
+                }
+            }
+            RecordState::Tombstone {
+                completed_at,
+                until,
+            } => {
+                if now < until {
+                    Visibility::Tombstone {
+                        completed_at,
+                        until,
+                    }
+                } else {
+                    Visibility::Gone
+                }
+            }
+        }
     }
 
     /// Encodes the record in the layout documented in `docs/design.md`.
@@ -93,6 +153,7 @@ impl Record {
         out.push(match self.state {
             RecordState::InProgress { .. } => STATE_IN_PROGRESS,
             RecordState::Completed { .. } => STATE_COMPLETED,
+            RecordState::Tombstone { .. } => STATE_TOMBSTONE,
         });
         out.extend_from_slice(self.fingerprint.as_bytes());
         out.extend_from_slice(&self.fence.to_le_bytes());
@@ -133,6 +194,13 @@ impl Record {
                 }
                 put_u32_len(&mut out, response.body().len());
                 out.extend_from_slice(response.body());
+            }
+            RecordState::Tombstone {
+                completed_at,
+                until,
+            } => {
+                out.extend_from_slice(&completed_at.as_millis().to_le_bytes());
+                out.extend_from_slice(&until.as_millis().to_le_bytes());
             }
         }
         out
@@ -197,6 +265,10 @@ impl Record {
                     response: Response::from_parts(status, headers, body),
                 }
             }
+            STATE_TOMBSTONE => RecordState::Tombstone {
+                completed_at: Timestamp::from_millis(r.u64("completed_at")?),
+                until: Timestamp::from_millis(r.u64("until")?),
+            },
             other => {
                 return Err(CorruptRecord::BadField {
                     field: "state",
@@ -300,11 +372,19 @@ mod tests {
 
     #[test]
     fn round_trips_every_state() -> Result<(), CorruptRecord> {
+        let tombstone = Record {
+            state: RecordState::Tombstone {
+                completed_at: Timestamp::from_millis(2_000),
+                until: Timestamp::from_millis(90_000_000),
+            },
+            ..in_progress(None)
+        };
         for rec in [
             in_progress(None),
             in_progress(Some(vec![])),
             in_progress(Some(b"step-3".to_vec())),
             completed(),
+            tombstone,
         ] {
             assert_eq!(Record::decode(&rec.encode())?, rec);
         }

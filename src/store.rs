@@ -18,7 +18,7 @@ use crate::engine::tables::InternalTables;
 use crate::error::{BeginError, BoxError, CompactError, OpenError, StoreError, WriteError};
 use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
-use crate::record::{Record, RecordState};
+use crate::record::{Record, RecordState, Visibility};
 use crate::scope::Scope;
 use crate::storage::Storage;
 use crate::tx::Tx;
@@ -48,6 +48,8 @@ pub struct Counts {
     pub expiry_entries: u64,
     /// In-progress records in the lease index.
     pub lease_entries: u64,
+    /// Tombstones waiting in the tombstone index.
+    pub tombstone_entries: u64,
 }
 
 /// What [`Store::compact`] did to the database file.
@@ -122,7 +124,12 @@ impl Store {
     pub fn begin(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
         let now = self.engine.config().clock.now();
         let existing = self.engine.read_record(scope)?;
-        match decide(existing.as_ref(), &fingerprint, now) {
+        match decide(
+            existing.as_ref(),
+            &fingerprint,
+            now,
+            self.engine.config().tombstone_ttl,
+        ) {
             Decision::Replay => {
                 if let Some(RecordState::Completed { response, .. }) = existing.map(|r| r.state) {
                     return Ok(Begin::Replay(response));
@@ -130,6 +137,7 @@ impl Store {
             }
             Decision::InProgress { retry_after } => return Ok(Begin::InProgress { retry_after }),
             Decision::Mismatch => return Ok(Begin::Mismatch),
+            Decision::Expired { completed_at } => return Ok(Begin::Expired { completed_at }),
             // Writes: the writer decides again inside its transaction, where racing claims
             // for the same scope are serialised and exactly one wins.
             Decision::Claim | Decision::TakeOver => {}
@@ -145,20 +153,37 @@ impl Store {
             BeginAnswer::Replay(response) => Begin::Replay(response),
             BeginAnswer::InProgress { retry_after } => Begin::InProgress { retry_after },
             BeginAnswer::Mismatch => Begin::Mismatch,
+            BeginAnswer::Expired { completed_at } => Begin::Expired { completed_at },
         })
     }
 
-    /// The record of `scope`, or `None` if absent or completed and past its TTL (an expired
-    /// record answers nothing, even before eviction removes it).
+    /// The record of `scope` as `begin` sees it now: `None` if absent or past its TTL (and
+    /// past its tombstone, if tombstones are on), a `Tombstone` if past its TTL but within the
+    /// tombstone TTL, whether or not eviction has run yet.
     ///
     /// # Errors
     /// [`StoreError`] if storage fails, the record is corrupt, or the store is poisoned.
     pub fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let now = self.engine.config().clock.now();
-        Ok(self
-            .engine
-            .read_record(scope)?
-            .filter(|r| !r.is_expired(now)))
+        let Some(record) = self.engine.read_record(scope)? else {
+            return Ok(None);
+        };
+        Ok(
+            match record.visibility(now, self.engine.config().tombstone_ttl) {
+                Visibility::Live => Some(record),
+                Visibility::Tombstone {
+                    completed_at,
+                    until,
+                } => Some(Record {
+                    state: RecordState::Tombstone {
+                        completed_at,
+                        until,
+                    },
+                    ..record
+                }),
+                Visibility::Gone => None,
+            },
+        )
     }
 
     /// Runs a business transaction that has no idempotency key, through the same writer and
@@ -271,6 +296,7 @@ impl Store {
             records: len(tables.records)?,
             expiry_entries: len(tables.expiry)?,
             lease_entries: len(tables.leases)?,
+            tombstone_entries: len(tables.tombstones)?,
         })
     }
 }

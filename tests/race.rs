@@ -68,7 +68,7 @@ fn thirty_two_threads_racing_each_of_500_keys_cause_exactly_500_side_effects() -
                                 assert_eq!(response.body(), format!("order-{key}").as_bytes());
                                 seen.replay.fetch_add(1, Ordering::SeqCst);
                             }
-                            Begin::Recovered(_) | Begin::Mismatch => {
+                            Begin::Recovered(_) | Begin::Mismatch | Begin::Expired { .. } => {
                                 seen.other.fetch_add(1, Ordering::SeqCst);
                             }
                         }

@@ -22,6 +22,7 @@ fn after_the_ttl_a_completed_key_is_absent_but_indexed_until_evicted() -> TestRe
         records: 2,
         expiry_entries: 2,
         lease_entries: 0,
+        tombstone_entries: 0,
     };
     assert_eq!(store.counts()?, both);
 
@@ -50,7 +51,8 @@ fn after_the_ttl_a_completed_key_is_absent_but_indexed_until_evicted() -> TestRe
         Counts {
             records: 2,
             expiry_entries: 1,
-            lease_entries: 1
+            lease_entries: 1,
+            tombstone_entries: 0
         },
         "re-claiming moved b from the expiry index to the lease index"
     );
@@ -66,7 +68,8 @@ fn after_the_ttl_a_completed_key_is_absent_but_indexed_until_evicted() -> TestRe
         Counts {
             records: 1,
             expiry_entries: 0,
-            lease_entries: 1
+            lease_entries: 1,
+            tombstone_entries: 0
         }
     );
     assert_eq!(

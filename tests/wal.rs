@@ -267,6 +267,11 @@ fn a_failed_sync_fails_the_group_poisons_the_store_and_a_reopen_keeps_what_was_a
         match record.state() {
             RecordState::InProgress { .. } => assert!(!row, "{durability:?}: row without record"),
             RecordState::Completed { .. } => assert!(row, "{durability:?}: record without row"),
+            RecordState::Tombstone { .. } => {
+                return Err(
+                    format!("{durability:?}: a tombstone without tombstones enabled").into(),
+                );
+            }
         }
     }
     Ok(())

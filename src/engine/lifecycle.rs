@@ -19,6 +19,7 @@ use crate::tx::Tx;
 
 use super::context::Context;
 use super::job::{Keep, panic_message};
+use super::registry::TableId;
 use super::tables::{index_bound_after, index_key, split_index_key};
 
 /// What the writer holds for a claim it granted.
@@ -38,7 +39,9 @@ impl Held {
                 lease_until,
                 checkpoint,
             } => (*lease_until, checkpoint.clone()),
-            RecordState::Completed { .. } => (Timestamp::default(), None),
+            RecordState::Completed { .. } | RecordState::Tombstone { .. } => {
+                (Timestamp::default(), None)
+            }
         };
         Held {
             fence: record.fence,
@@ -58,6 +61,7 @@ pub(crate) enum BeginAnswer {
     Replay(Response),
     InProgress { retry_after: Duration },
     Mismatch,
+    Expired { completed_at: Timestamp },
 }
 
 /// Why a fence-checked operation was refused.
@@ -88,12 +92,16 @@ pub(crate) enum CommitRefusal {
     Refused(Refusal),
 }
 
-/// How many expired records one eviction pass removed, and whether more are waiting.
+/// What one eviction pass did, and whether more is waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Evicted {
-    /// Records removed by this pass.
+    /// Completed records whose TTL passed and whose response was removed (deleted, or kept as
+    /// a tombstone when `Builder::tombstone_ttl` is set).
     pub removed: usize,
-    /// Whether expired records remain past this pass's limit.
+    /// Tombstones whose time ran out, deleted.
+    pub tombstones_removed: usize,
+    /// Whether more is due past this pass's limit.
     pub backlog: Backlog,
 }
 
@@ -140,6 +148,9 @@ fn write_record(
         RecordState::Completed { expires_at, .. } => {
             (ctx.tables.expiry, index_key(*expires_at, scope.encode()))
         }
+        RecordState::Tombstone { until, .. } => {
+            (ctx.tables.tombstones, index_key(*until, scope.encode()))
+        }
     };
     let old_entry = old.map(entry);
     let new_entry = new.map(entry);
@@ -168,7 +179,12 @@ pub(crate) fn begin(
         Ok(existing) => existing,
         Err(e) => return (Keep::Nothing, Err(e)),
     };
-    let answer = match decision::decide(existing.as_ref(), &fingerprint, ctx.now) {
+    let answer = match decision::decide(
+        existing.as_ref(),
+        &fingerprint,
+        ctx.now,
+        ctx.config.tombstone_ttl,
+    ) {
         Decision::Claim => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
@@ -186,13 +202,14 @@ pub(crate) fn begin(
         }
         Decision::Replay => match existing.and_then(|r| match r.state {
             RecordState::Completed { response, .. } => Some(response),
-            RecordState::InProgress { .. } => None,
+            RecordState::InProgress { .. } | RecordState::Tombstone { .. } => None,
         }) {
             Some(response) => BeginAnswer::Replay(response),
             None => unreachable!("decide() replays only a completed record"),
         },
         Decision::InProgress { retry_after } => BeginAnswer::InProgress { retry_after },
         Decision::Mismatch => BeginAnswer::Mismatch,
+        Decision::Expired { completed_at } => BeginAnswer::Expired { completed_at },
     };
     (Keep::Nothing, Ok(answer))
 }
@@ -331,9 +348,39 @@ pub(crate) fn evict_expired(
 }
 
 fn evict(tx: &mut Tx<'_>, ctx: &Context<'_>, limit: usize) -> Result<Evicted, StoreError> {
+    let mut evicted = Evicted {
+        removed: 0,
+        tombstones_removed: 0,
+        backlog: Backlog::Empty,
+    };
+    let mut budget = limit;
+    for index in [ctx.tables.expiry, ctx.tables.tombstones] {
+        let (done, more) = evict_from(tx, ctx, index, budget)?;
+        if index == ctx.tables.expiry {
+            evicted.removed = done;
+        } else {
+            evicted.tombstones_removed = done;
+        }
+        budget -= done.min(budget);
+        if more == Backlog::More {
+            evicted.backlog = Backlog::More;
+        }
+    }
+    Ok(evicted)
+}
+
+/// Handles up to `limit` due entries of one index (the expiry index or the tombstone index),
+/// oldest first. Returns how many records it removed (or tombstoned), and whether more entries
+/// are due.
+fn evict_from(
+    tx: &mut Tx<'_>,
+    ctx: &Context<'_>,
+    index: TableId,
+    limit: usize,
+) -> Result<(usize, Backlog), StoreError> {
     let end = index_bound_after(ctx.now);
     let due = tx.range_raw(
-        ctx.tables.expiry,
+        index,
         Bound::Unbounded,
         Bound::Excluded(&end),
         limit.saturating_add(1),
@@ -344,9 +391,9 @@ fn evict(tx: &mut Tx<'_>, ctx: &Context<'_>, limit: usize) -> Result<Evicted, St
         Backlog::Empty
     };
     let mut removed = 0;
-    for (index_entry, _) in due.into_iter().take(limit) {
-        tx.delete_raw(ctx.tables.expiry, &index_entry);
-        let Some((expires_at, scope_bytes)) = split_index_key(&index_entry) else {
+    for (entry, _) in due.into_iter().take(limit) {
+        tx.delete_raw(index, &entry);
+        let Some((at, scope_bytes)) = split_index_key(&entry) else {
             continue;
         };
         let Some(bytes) = tx.get_raw(ctx.tables.records, scope_bytes)? else {
@@ -358,14 +405,42 @@ fn evict(tx: &mut Tx<'_>, ctx: &Context<'_>, limit: usize) -> Result<Evicted, St
                 .map_or_else(|_| format!("{scope_bytes:?}"), |s| s.to_string()),
             source,
         })?;
-        // Only the record this entry indexes, and only if it is still completed and expired;
-        // anything else means the entry was stale and only the entry goes.
-        let current = matches!(record.state,
-            RecordState::Completed { expires_at: at, .. } if at == expires_at);
-        if current && record.is_expired(ctx.now) {
-            tx.delete_raw(ctx.tables.records, scope_bytes);
-            removed += 1;
+        // Only the record this entry indexes, in the state it indexes; anything else means the
+        // entry was stale and only the entry goes. In-progress records are never touched.
+        match record.state {
+            RecordState::Completed {
+                completed_at,
+                expires_at,
+                ..
+            } if expires_at == at && index == ctx.tables.expiry => {
+                if ctx.config.tombstone_ttl.is_zero() {
+                    tx.delete_raw(ctx.tables.records, scope_bytes);
+                } else {
+                    let until = expires_at.saturating_add(ctx.config.tombstone_ttl);
+                    let tombstone = Record {
+                        state: RecordState::Tombstone {
+                            completed_at,
+                            until,
+                        },
+                        ..record
+                    };
+                    tx.put_raw(ctx.tables.records, scope_bytes, tombstone.encode());
+                    tx.put_raw(
+                        ctx.tables.tombstones,
+                        &index_key(until, scope_bytes),
+                        Vec::new(),
+                    );
+                }
+                removed += 1;
+            }
+            RecordState::Tombstone { until, .. }
+                if until == at && index == ctx.tables.tombstones =>
+            {
+                tx.delete_raw(ctx.tables.records, scope_bytes);
+                removed += 1;
+            }
+            _ => {}
         }
     }
-    Ok(Evicted { removed, backlog })
+    Ok((removed, backlog))
 }

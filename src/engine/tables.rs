@@ -15,6 +15,8 @@ pub(crate) const EXPIRY: &str = "idemstore.expiry";
 pub(crate) const LEASES: &str = "idemstore.leases";
 /// name → value: format version, fence counter, log checkpoint.
 pub(crate) const META: &str = "idemstore.meta";
+/// until (u64 BE) ‖ scope → empty: tombstones by the time they go, for eviction.
+pub(crate) const TOMBSTONES: &str = "idemstore.tombstones";
 
 /// Meta key: the store's format version (u64 LE).
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
@@ -33,12 +35,19 @@ pub(crate) struct InternalTables {
     pub(crate) expiry: TableId,
     pub(crate) leases: TableId,
     pub(crate) meta: TableId,
+    pub(crate) tombstones: TableId,
 }
 
 impl InternalTables {
-    /// Their ids, in the order they were registered (0, 1, 2, 3).
-    pub(crate) fn ids(self) -> [TableId; 4] {
-        [self.records, self.expiry, self.leases, self.meta]
+    /// Their ids, in the order they were registered (0, 1, 2, 3, 4).
+    pub(crate) fn ids(self) -> [TableId; 5] {
+        [
+            self.records,
+            self.expiry,
+            self.leases,
+            self.meta,
+            self.tombstones,
+        ]
     }
 
     /// Registers the store's tables; call before any business table.
@@ -53,6 +62,7 @@ impl InternalTables {
             expiry: reg(EXPIRY),
             leases: reg(LEASES),
             meta: reg(META),
+            tombstones: reg(TOMBSTONES),
         }
     }
 }
