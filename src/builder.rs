@@ -6,7 +6,7 @@ use std::time::Duration;
 use redb::{Key, TableDefinition, TableHandle, Value};
 
 use crate::clock::Clock;
-use crate::config::{Config, Durability};
+use crate::config::{Config, Durability, Sweep};
 use crate::engine::registry::{Internal, RegisterError, Registry};
 use crate::engine::tables::InternalTables;
 use crate::error::OpenError;
@@ -113,6 +113,16 @@ impl Builder {
     #[must_use]
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.config.clock = std::sync::Arc::new(clock);
+        self
+    }
+
+    /// Background eviction of expired records.
+    ///
+    /// Default = [`Sweep::Every`] 10 s, batches of 1,000. [`Sweep::Off`] leaves eviction to
+    /// [`Store::evict_expired`](crate::Store::evict_expired).
+    #[must_use]
+    pub fn sweep(mut self, sweep: Sweep) -> Self {
+        self.config.sweep = sweep;
         self
     }
 

@@ -26,6 +26,33 @@ pub enum Durability {
     Redb,
 }
 
+/// Whether (and how often) a background thread evicts expired records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sweep {
+    /// No background eviction: call [`Store::evict_expired`](crate::Store::evict_expired)
+    /// yourself (expired records answer nothing either way; they only take space).
+    Off,
+    /// Every `interval`, evict expired records in batches of `batch` until none is due (at
+    /// most 100 batches a tick, so other requests are not held up for long).
+    Every {
+        /// Time between passes.
+        interval: Duration,
+        /// Records per batch (one writer request each).
+        batch: usize,
+    },
+}
+
+impl Default for Sweep {
+    /// Every 10 seconds, batches of 1,000.
+    fn default() -> Self {
+        Sweep::Every {
+            interval: Duration::from_secs(10),
+            batch: 1_000,
+        }
+    }
+}
+
 /// Longest lease a claim may hold or be extended to.
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest TTL a completed record may be kept for (ten years).
@@ -55,6 +82,7 @@ pub(crate) struct Config {
     pub(crate) segment_bytes: u64,
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
+    pub(crate) sweep: Sweep,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -71,6 +99,7 @@ impl Default for Config {
             segment_bytes: 8 * 1024 * 1024,
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: Duration::from_secs(2),
+            sweep: Sweep::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -129,6 +158,20 @@ impl Config {
                     self.checkpoint_bytes, self.segment_bytes
                 ),
             );
+        }
+        if let Sweep::Every { interval, batch } = self.sweep {
+            if interval < Duration::from_millis(1) || interval > Duration::from_secs(24 * 3600) {
+                return invalid(
+                    "sweep",
+                    format!("an interval of {interval:?} is outside 1 ms ..= 1 day"),
+                );
+            }
+            if !(1..=100_000).contains(&batch) {
+                return invalid(
+                    "sweep",
+                    format!("a batch of {batch} is outside 1 ..= 100,000"),
+                );
+            }
         }
         if self.checkpoint_interval.is_zero()
             || self.checkpoint_interval > Duration::from_secs(3600)

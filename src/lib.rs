@@ -96,7 +96,7 @@ pub use claim::{Begin, Claim};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
     Durability, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE, MAX_REQUEST_BYTES,
-    MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES,
+    MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES, Sweep,
 };
 pub use engine::lifecycle::{Backlog, Evicted};
 pub use error::{
@@ -109,7 +109,7 @@ pub use read::ReadTx;
 pub use record::{Record, RecordState};
 pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
-pub use store::{Compacted, Counts, Stats, Store};
+pub use store::{Abandoned, Compacted, Counts, Stats, Store};
 pub use tx::{OwnedValue, Tx};
 pub use wal::RecoveryReport;
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::builder::Builder;
 use crate::claim::{Begin, Claim};
+use crate::clock::Timestamp;
 use crate::config::Config;
 use crate::decision::{Decision, decide};
 use crate::engine::Engine;
@@ -15,6 +16,7 @@ use crate::engine::job::Keep;
 use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
 use crate::engine::registry::Registry;
 use crate::engine::tables::InternalTables;
+use crate::engine::tables::{LEASES, RECORDS, index_bound_after, split_index_key};
 use crate::error::{BeginError, BoxError, CompactError, OpenError, StoreError, WriteError};
 use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
@@ -23,6 +25,7 @@ use crate::scope::Scope;
 use crate::storage::Storage;
 use crate::tx::Tx;
 use crate::wal::RecoveryReport;
+use redb::TableDefinition;
 
 /// An open idempotency store. Cheap to clone; every clone is the same store.
 ///
@@ -50,6 +53,29 @@ pub struct Counts {
     pub lease_entries: u64,
     /// Tombstones waiting in the tombstone index.
     pub tombstone_entries: u64,
+}
+
+/// In-progress work whose lease expired: its outcome is unknown, and no attempt holds it.
+///
+/// A reconciler drives it to completion: [`Store::begin`] with the same fingerprint takes it
+/// over as [`Begin::Recovered`], with the attempt count and the last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Abandoned {
+    /// The scope.
+    pub scope: Scope,
+    /// The fingerprint of the request that claimed it (pass it to `begin` to take it over).
+    pub fingerprint: Fingerprint,
+    /// The last holder's fence.
+    pub fence: u64,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// When it was first claimed.
+    pub created_at: Timestamp,
+    /// When the last lease ended.
+    pub lease_until: Timestamp,
+    /// The last checkpoint stored, if any.
+    pub checkpoint: Option<Vec<u8>>,
 }
 
 /// What [`Store::compact`] did to the database file.
@@ -105,10 +131,9 @@ impl Store {
         registry: Registry,
         tables: InternalTables,
     ) -> Result<Store, OpenError> {
-        let engine = Engine::open(storage, config, registry, tables)?;
-        Ok(Store {
-            engine: Arc::new(engine),
-        })
+        let engine = Arc::new(Engine::open(storage, config, registry, tables)?);
+        engine.start_sweeper()?;
+        Ok(Store { engine })
     }
 
     pub(crate) fn engine(&self) -> &Engine {
@@ -234,6 +259,60 @@ impl Store {
             log_bytes: Counters::get(&c.log_bytes),
             queued: c.queued.load(std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// In-progress records whose lease has expired, oldest lease first, at most `limit`:
+    /// work that a crashed or stuck attempt left unfinished. Read through the lease index (never
+    /// a scan of the records), from a snapshot that includes every acknowledged write.
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails, a record is corrupt, or the store is poisoned.
+    pub fn abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        let now = self.engine.config().clock.now();
+        let txn = self.engine.snapshot()?;
+        let raw = |name| TableDefinition::<&[u8], &[u8]>::new(name);
+        let leases = txn.open_table(raw(LEASES))?;
+        let records = txn.open_table(raw(RECORDS))?;
+        let end = index_bound_after(now);
+        let mut out = Vec::new();
+        for entry in leases.range::<&[u8]>(..end.as_slice())? {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, _) = entry?;
+            let Some((lease_until, scope_bytes)) = split_index_key(key.value()) else {
+                continue;
+            };
+            let Some(bytes) = records.get(scope_bytes)? else {
+                continue;
+            };
+            let scope = Scope::decode(scope_bytes).map_err(|e| StoreError::Internal {
+                message: format!("the lease index holds a malformed scope: {e}"),
+            })?;
+            let record =
+                Record::decode(bytes.value()).map_err(|source| StoreError::CorruptRecord {
+                    scope: scope.to_string(),
+                    source,
+                })?;
+            if let RecordState::InProgress {
+                lease_until: current,
+                checkpoint,
+            } = record.state
+            {
+                if current == lease_until {
+                    out.push(Abandoned {
+                        scope,
+                        fingerprint: record.fingerprint,
+                        fence: record.fence,
+                        attempt: record.attempt,
+                        created_at: record.created_at,
+                        lease_until,
+                        checkpoint,
+                    });
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// What opening found in the write-ahead log: frames replayed, a torn tail dropped, time.

@@ -421,3 +421,50 @@ fn plain_writes_and_reads_see_business_tables() -> TestResult {
     assert_eq!(orders(&store)?.len(), 3);
     Ok(())
 }
+
+#[test]
+fn abandoned_work_is_listed_oldest_lease_first_and_can_be_recovered() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = open(dir.path(), &clock)?;
+    // Three claims at different times; the middle one checkpoints; a fourth is released and a
+    // fifth completed: neither of those is abandoned.
+    let mut keep = Vec::new();
+    for (i, key) in ["second", "first", "third"].iter().enumerate() {
+        let mut claim = claim(&store, key, "req")?;
+        if i == 0 {
+            claim.checkpoint(b"step 2".to_vec())?;
+        }
+        keep.push(claim);
+        clock.advance(Duration::from_secs(1));
+    }
+    // A claim dropped without finishing (its process "crashed") is abandoned the same way.
+    drop(keep.remove(1));
+    claim(&store, "released", "req")?.release()?;
+    claim(&store, "done", "req")?.commit(|_| Ok(Response::new(200, vec![])))?;
+    assert!(store.abandoned(10)?.is_empty(), "no lease has ended yet");
+
+    clock.advance(LEASE);
+    let listed = store.abandoned(10)?;
+    let keys: Vec<&str> = listed.iter().map(|a| a.scope.key()).collect();
+    assert_eq!(keys, vec!["second", "first", "third"]);
+    assert_eq!(listed[0].checkpoint.as_deref(), Some(&b"step 2"[..]));
+    assert_eq!(listed[0].attempt, 1);
+    assert_eq!(store.abandoned(2)?.len(), 2, "the limit bounds the listing");
+
+    // A reconciler takes the oldest over with its fingerprint and finishes it.
+    let oldest = &listed[0];
+    let Begin::Recovered(recovered) = store.begin(&oldest.scope, oldest.fingerprint)? else {
+        return Err("expected Recovered".into());
+    };
+    assert_eq!(recovered.last_checkpoint(), Some(&b"step 2"[..]));
+    recovered.commit(|_| Ok(Response::new(200, b"reconciled".to_vec())))?;
+    let keys: Vec<String> = store
+        .abandoned(10)?
+        .iter()
+        .map(|a| a.scope.key().to_owned())
+        .collect();
+    assert_eq!(keys, vec!["first".to_owned(), "third".to_owned()]);
+    drop(keep);
+    Ok(())
+}

@@ -160,3 +160,35 @@ fn without_tombstones_a_retry_after_the_ttl_runs_again() -> TestResult {
     ));
     Ok(())
 }
+
+#[test]
+fn the_sweeper_evicts_on_its_own_and_stops_when_the_store_is_dropped() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let open = || {
+        builder(&clock)
+            .sweep(idemstore::Sweep::Every {
+                interval: Duration::from_millis(5),
+                batch: 100,
+            })
+            .open(dir.path().join("idem"))
+    };
+    let store = open()?;
+    complete(&store, "k", 1_000)?;
+    clock.advance(TTL);
+    // The sweeper runs on its own schedule: poll for its effect, bounded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while store.counts()?.records > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper never evicted: {:?}",
+            store.counts()?
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Dropping the store stops the sweeper and the writer: the directory reopens at once.
+    drop(store);
+    let store = open()?;
+    assert_eq!(store.counts()?.records, 0);
+    Ok(())
+}

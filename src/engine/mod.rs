@@ -14,6 +14,7 @@ pub(crate) mod open_tables;
 mod overlay;
 pub(crate) mod poison;
 pub(crate) mod registry;
+pub(crate) mod sweeper;
 pub(crate) mod tables;
 pub(crate) mod write_set;
 mod writer;
@@ -68,6 +69,8 @@ pub(crate) struct Engine {
     overlay: Arc<Overlay>,
     storage: Storage,
     recovery: RecoveryReport,
+    /// The background sweeper, once started (it needs the engine's `Arc`).
+    sweeper: parking_lot::Mutex<Option<sweeper::Sweeper>>,
     /// `None` only while dropping: closing it is what stops the writer.
     queue: Option<SyncSender<Box<dyn Job>>>,
     writer: Option<JoinHandle<()>>,
@@ -146,10 +149,21 @@ impl Engine {
             overlay,
             storage,
             recovery,
+            sweeper: parking_lot::Mutex::new(None),
             queue: Some(queue),
             writer_id: handle.thread().id(),
             writer: Some(handle),
         })
+    }
+
+    /// Starts the sweeper, if the settings ask for one.
+    pub(crate) fn start_sweeper(self: &Arc<Self>) -> Result<(), OpenError> {
+        if let crate::config::Sweep::Every { interval, batch } = self.config.sweep {
+            let sweeper = sweeper::Sweeper::start(Arc::downgrade(self), interval, batch)
+                .map_err(OpenError::Thread)?;
+            *self.sweeper.lock() = Some(sweeper);
+        }
+        Ok(())
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -322,6 +336,8 @@ fn replay(
 
 impl Drop for Engine {
     fn drop(&mut self) {
+        // The sweeper first: it must not start a pass on a closing store.
+        drop(self.sweeper.lock().take());
         // Closing the queue stops the writer once it has answered everything queued.
         self.queue = None;
         // Waiting for it makes drop-then-reopen work: the file is closed when drop returns. The

@@ -257,6 +257,7 @@ fn open(
         .log_segment_bytes(64 * 1024)
         .checkpoint_bytes(128 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
+        .sweep(crate::Sweep::Off)
         .open_simulated(disk)
 }
 

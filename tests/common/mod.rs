@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use idemstore::redb::{ReadableTable, ReadableTableMetadata, TableDefinition};
-use idemstore::{Builder, Fingerprint, ManualClock, Scope, Store, Timestamp};
+use idemstore::{Builder, Fingerprint, ManualClock, Scope, Store, Sweep, Timestamp};
 
 pub type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -20,12 +20,15 @@ pub fn clock() -> ManualClock {
     ManualClock::new(Timestamp::from_millis(1_764_000_000_000))
 }
 
+/// A store for tests: a manual clock, and no background sweeper (tests evict explicitly, so
+/// that what is evicted, and when, is theirs to decide).
 pub fn builder(clock: &ManualClock) -> Builder {
     Store::builder()
         .lease(LEASE)
         .ttl(TTL)
         .table(ORDERS)
         .clock(clock.clone())
+        .sweep(Sweep::Off)
 }
 
 pub fn open(dir: &Path, clock: &ManualClock) -> Result<Store, idemstore::OpenError> {
