@@ -3,6 +3,10 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The longest `begin_or_wait` waits when asked for more than the clock can represent.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 use crate::builder::Builder;
 use crate::claim::{Begin, Claim};
@@ -109,6 +113,8 @@ pub struct Stats {
     pub writer_requests: u64,
     /// Requests waiting for the writer right now.
     pub queued: usize,
+    /// Callers waiting in `begin_or_wait` right now.
+    pub waiting: usize,
 }
 
 impl Store {
@@ -180,6 +186,39 @@ impl Store {
             BeginAnswer::Mismatch => Begin::Mismatch,
             BeginAnswer::Expired { completed_at } => Begin::Expired { completed_at },
         })
+    }
+
+    /// Like [`Store::begin`], but when the scope is held by a live claim *of this process*,
+    /// waits (up to `max_wait`) for that claim to finish instead of answering `InProgress`:
+    /// then it answers `Replay` if the holder committed, or `Claimed` if it released (to one of
+    /// the waiters; the others go on waiting for that one). After `max_wait`, or when no claim
+    /// of this process holds the scope (a lease left by a crashed process), it answers as
+    /// `begin` does. Waiting is on a notification from the claim itself: no polling.
+    ///
+    /// # Errors
+    /// As [`Store::begin`].
+    pub fn begin_or_wait(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        max_wait: Duration,
+    ) -> Result<Begin, BeginError> {
+        let start = Instant::now();
+        let deadline = start.checked_add(max_wait).unwrap_or(start + MAX_WAIT);
+        loop {
+            let watch = self.engine.watchers().watch(scope.encode());
+            // Read before asking, so that a claim finishing in between is not missed.
+            let seen = watch.slot.generation();
+            match self.begin(scope, fingerprint)? {
+                Begin::InProgress { .. } if watch.slot.worth_waiting(seen) => {
+                    if !watch.slot.wait_past(seen, deadline) {
+                        drop(watch);
+                        return self.begin(scope, fingerprint);
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
     }
 
     /// The record of `scope` as `begin` sees it now: `None` if absent or past its TTL (and
@@ -258,6 +297,7 @@ impl Store {
             checkpoints: Counters::get(&c.checkpoints),
             log_bytes: Counters::get(&c.log_bytes),
             queued: c.queued.load(std::sync::atomic::Ordering::Relaxed),
+            waiting: self.engine.watchers().waiting(),
         }
     }
 

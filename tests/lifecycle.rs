@@ -468,3 +468,135 @@ fn abandoned_work_is_listed_oldest_lease_first_and_can_be_recovered() -> TestRes
     drop(keep);
     Ok(())
 }
+
+mod waiting {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Barrier};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// Waits (bounded) until `n` callers are waiting in `begin_or_wait`.
+    fn until_waiting(store: &Store, n: usize) -> TestResult {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while store.stats().waiting < n {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {n} waiters arrived",
+                store.stats().waiting
+            );
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn sixteen_waiters_on_a_held_key_all_get_the_replay_of_one_commit() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = open(dir.path(), &clock())?;
+        let side_effects = Arc::new(AtomicU32::new(0));
+        let holder = claim(&store, "k", "req")?;
+        side_effects.fetch_add(1, Ordering::SeqCst);
+
+        let waiters: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, side_effects) = (store.clone(), side_effects.clone());
+                std::thread::spawn(move || -> Result<Vec<u8>, String> {
+                    match store.begin_or_wait(&scope("k"), fp("req"), Duration::from_secs(60)) {
+                        Ok(Begin::Replay(response)) => Ok(response.into_body()),
+                        Ok(Begin::Claimed(_) | Begin::Recovered(_)) => {
+                            side_effects.fetch_add(1, Ordering::SeqCst);
+                            Err("a waiter was given the key".into())
+                        }
+                        other => Err(format!("expected a replay, got {other:?}")),
+                    }
+                })
+            })
+            .collect();
+        until_waiting(&store, 16)?;
+        holder.commit(|_| Ok(Response::new(201, b"the one charge".to_vec())))?;
+        for waiter in waiters {
+            assert_eq!(
+                waiter.join().map_err(|_| "waiter panicked")??,
+                b"the one charge"
+            );
+        }
+        assert_eq!(side_effects.load(Ordering::SeqCst), 1);
+        assert_eq!(store.stats().waiting, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn after_a_release_one_waiter_claims_and_the_others_get_its_replay() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = open(dir.path(), &clock())?;
+        let side_effects = Arc::new(AtomicU32::new(0));
+        let holder = claim(&store, "k", "req")?;
+        let start = Arc::new(Barrier::new(8));
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, side_effects, start) =
+                    (store.clone(), side_effects.clone(), start.clone());
+                std::thread::spawn(move || -> Result<&'static str, String> {
+                    start.wait();
+                    match store.begin_or_wait(&scope("k"), fp("req"), Duration::from_secs(60)) {
+                        Ok(Begin::Claimed(claim)) => {
+                            side_effects.fetch_add(1, Ordering::SeqCst);
+                            claim
+                                .commit(|_| Ok(Response::new(201, b"by a waiter".to_vec())))
+                                .map_err(|e| e.to_string())?;
+                            Ok("claimed")
+                        }
+                        Ok(Begin::Replay(r)) if r.body() == b"by a waiter" => Ok("replayed"),
+                        other => Err(format!("unexpected {other:?}")),
+                    }
+                })
+            })
+            .collect();
+        until_waiting(&store, 8)?;
+        holder.release()?; // no side effect happened
+        let mut outcomes: Vec<&str> = Vec::new();
+        for waiter in waiters {
+            outcomes.push(waiter.join().map_err(|_| "waiter panicked")??);
+        }
+        outcomes.sort_unstable();
+        assert_eq!(
+            outcomes.iter().filter(|o| **o == "claimed").count(),
+            1,
+            "{outcomes:?}"
+        );
+        assert_eq!(side_effects.load(Ordering::SeqCst), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn a_waiter_times_out_into_in_progress() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = open(dir.path(), &clock())?;
+        let _holder = claim(&store, "k", "req")?;
+        let started = Instant::now();
+        let answer = store.begin_or_wait(&scope("k"), fp("req"), Duration::from_millis(50))?;
+        assert!(matches!(answer, Begin::InProgress { .. }), "{answer:?}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(50),
+            "it did not wait"
+        );
+        assert_eq!(store.stats().waiting, 0);
+        Ok(())
+    }
+
+    #[test]
+    fn a_key_held_by_no_claim_of_this_process_is_answered_at_once() -> TestResult {
+        let dir = tempfile::tempdir()?;
+        let store = open(dir.path(), &clock())?;
+        drop(claim(&store, "k", "req")?); // as if its process had crashed: the lease lives on
+        let started = Instant::now();
+        let answer = store.begin_or_wait(&scope("k"), fp("req"), Duration::from_secs(60))?;
+        assert!(matches!(answer, Begin::InProgress { .. }), "{answer:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "it waited for nobody"
+        );
+        Ok(())
+    }
+}

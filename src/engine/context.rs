@@ -5,7 +5,10 @@ use crate::clock::Timestamp;
 use crate::config::Config;
 use crate::tx::Tx;
 
+use std::sync::Arc;
+
 use super::tables::{InternalTables, META_NEXT_FENCE};
+use super::watchers::Watchers;
 
 /// Per-request view of the writer's state.
 #[derive(Debug)]
@@ -14,6 +17,8 @@ pub(crate) struct Context<'a> {
     pub(crate) now: Timestamp,
     pub(crate) config: &'a Config,
     pub(crate) tables: InternalTables,
+    /// Claims granted here count as holders at once (see `watchers`).
+    pub(crate) watchers: &'a Arc<Watchers>,
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
     needs: Needs,
@@ -39,12 +44,14 @@ impl<'a> Context<'a> {
         now: Timestamp,
         config: &'a Config,
         tables: InternalTables,
+        watchers: &'a Arc<Watchers>,
         next_fence: &'a mut u64,
     ) -> Self {
         Context {
             now,
             config,
             tables,
+            watchers,
             next_fence,
             needs: Needs::Durable,
         }

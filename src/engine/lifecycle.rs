@@ -21,19 +21,23 @@ use super::context::Context;
 use super::job::{Keep, panic_message};
 use super::registry::TableId;
 use super::tables::{index_bound_after, index_key, split_index_key};
+use super::watchers::HoldToken;
 
 /// What the writer holds for a claim it granted.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Held {
     pub(crate) fence: u64,
     pub(crate) origin_fence: u64,
     pub(crate) attempt: u32,
     pub(crate) lease_until: Timestamp,
     pub(crate) checkpoint: Option<Vec<u8>>,
+    /// Counts the claim as a holder of its scope for `begin_or_wait`, from the writer on;
+    /// kept for its drop, which wakes the scope's waiters.
+    _hold: HoldToken,
 }
 
 impl Held {
-    fn of(record: &Record) -> Self {
+    fn of(record: &Record, hold: HoldToken) -> Self {
         let (lease_until, checkpoint) = match &record.state {
             RecordState::InProgress {
                 lease_until,
@@ -49,6 +53,7 @@ impl Held {
             attempt: record.attempt,
             lease_until,
             checkpoint,
+            _hold: hold,
         }
     }
 }
@@ -189,7 +194,11 @@ pub(crate) fn begin(
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
             write_record(tx, ctx, scope, existing.as_ref(), Some(&record));
-            return (Keep::Writes, Ok(BeginAnswer::Claimed(Held::of(&record))));
+            let hold = HoldToken::new(ctx.watchers, scope.encode());
+            return (
+                Keep::Writes,
+                Ok(BeginAnswer::Claimed(Held::of(&record, hold))),
+            );
         }
         Decision::TakeOver => {
             let Some(previous) = existing.as_ref() else {
@@ -198,7 +207,11 @@ pub(crate) fn begin(
             let fence = ctx.allocate_fence(tx);
             let record = decision::taken_over(previous, fence, ctx.now, ctx.config.lease);
             write_record(tx, ctx, scope, Some(previous), Some(&record));
-            return (Keep::Writes, Ok(BeginAnswer::Recovered(Held::of(&record))));
+            let hold = HoldToken::new(ctx.watchers, scope.encode());
+            return (
+                Keep::Writes,
+                Ok(BeginAnswer::Recovered(Held::of(&record, hold))),
+            );
         }
         Decision::Replay => match existing.and_then(|r| match r.state {
             RecordState::Completed { response, .. } => Some(response),

@@ -16,6 +16,7 @@ pub(crate) mod poison;
 pub(crate) mod registry;
 pub(crate) mod sweeper;
 pub(crate) mod tables;
+pub(crate) mod watchers;
 pub(crate) mod write_set;
 mod writer;
 
@@ -69,6 +70,8 @@ pub(crate) struct Engine {
     overlay: Arc<Overlay>,
     storage: Storage,
     recovery: RecoveryReport,
+    /// Claims held and callers waiting, per scope, in this process.
+    watchers: Arc<watchers::Watchers>,
     /// The background sweeper, once started (it needs the engine's `Arc`).
     sweeper: parking_lot::Mutex<Option<sweeper::Sweeper>>,
     /// `None` only while dropping: closing it is what stops the writer.
@@ -115,6 +118,7 @@ impl Engine {
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
         let overlay = Arc::new(Overlay::default());
+        let watchers = Arc::new(watchers::Watchers::default());
         let log_thread = match log_start {
             Some(log) => Some(
                 LogThread::start(log, overlay.clone(), counters.clone(), poison.clone())
@@ -131,6 +135,7 @@ impl Engine {
             poison.clone(),
             counters.clone(),
             overlay.clone(),
+            watchers.clone(),
             next_fence,
             receiver,
             log_thread,
@@ -149,6 +154,7 @@ impl Engine {
             overlay,
             storage,
             recovery,
+            watchers,
             sweeper: parking_lot::Mutex::new(None),
             queue: Some(queue),
             writer_id: handle.thread().id(),
@@ -164,6 +170,10 @@ impl Engine {
             *self.sweeper.lock() = Some(sweeper);
         }
         Ok(())
+    }
+
+    pub(crate) fn watchers(&self) -> &watchers::Watchers {
+        &self.watchers
     }
 
     pub(crate) fn config(&self) -> &Config {

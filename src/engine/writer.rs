@@ -37,6 +37,7 @@ use super::overlay::Overlay;
 use super::poison::{PanicGuard, Poison};
 use super::registry::Registry;
 use super::tables::InternalTables;
+use super::watchers::Watchers;
 use super::write_set::WriteSet;
 
 /// Write-set bytes after which a group stops taking requests; the rest wait for the next
@@ -70,6 +71,7 @@ pub(crate) struct Writer {
     poison: Arc<Poison>,
     counters: Arc<Counters>,
     overlay: Arc<Overlay>,
+    watchers: Arc<Watchers>,
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
     /// The log thread, in `Wal` mode.
@@ -90,6 +92,7 @@ impl Writer {
         poison: Arc<Poison>,
         counters: Arc<Counters>,
         overlay: Arc<Overlay>,
+        watchers: Arc<Watchers>,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
         log: Option<LogThread>,
@@ -102,6 +105,7 @@ impl Writer {
             poison,
             counters,
             overlay,
+            watchers,
             next_fence,
             queue,
             log,
@@ -358,7 +362,13 @@ impl Writer {
             let mut writes = WriteSet::default();
             let keep = {
                 let mut tx = Tx::new(txn, open, &self.registry, &mut writes);
-                let mut ctx = Context::new(now, &self.config, self.tables, &mut self.next_fence);
+                let mut ctx = Context::new(
+                    now,
+                    &self.config,
+                    self.tables,
+                    &self.watchers,
+                    &mut self.next_fence,
+                );
                 let keep = job.run(&mut tx, &mut ctx);
                 outcome.needs = outcome.needs.max(ctx.needs());
                 keep
