@@ -81,15 +81,15 @@ fn prepare(dir: &Path, mode: &str, records: u64, log_mb: u64) {
     eprintln!("  prepared {records} records ({rate:.0} pairs/s)");
     if durability == Durability::Wal {
         store.checkpoint().expect("checkpoint");
-        let before = store.stats().log_bytes;
+        let before = store.stats().expect("stats").log_bytes;
         let mut batch = 0;
-        while store.stats().log_bytes - before < log_mb << 20 {
+        while store.stats().expect("stats").log_bytes - before < log_mb << 20 {
             load(&store, &format!("tail{batch}"), 10_000);
             batch += 1;
         }
         eprintln!(
             "  then {:.1} MB of log past the checkpoint",
-            (store.stats().log_bytes - before) as f64 / 1e6
+            (store.stats().expect("stats").log_bytes - before) as f64 / 1e6
         );
     }
     // Exit with the store open: no checkpoint at close, no clean redb shutdown.

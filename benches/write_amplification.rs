@@ -76,7 +76,7 @@ fn main() {
             pairs(&store, threads, count);
             // Close: in Wal mode this is a checkpoint, the cost every logged byte eventually
             // pays in redb as well.
-            let stats = store.stats();
+            let stats = store.stats().expect("stats");
             drop(store);
             let after = disk.counters();
             let per = |n: u64| n as f64 / count as f64;

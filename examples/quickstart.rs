@@ -161,7 +161,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders = store.read()?.open_table(ORDERS)?.len()?;
     println!(
         "orders table now holds {orders} rows; stats: {:?}",
-        store.stats()
+        store.stats()?
     );
     Ok(())
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::clock::Timestamp;
 use crate::config::MAX_LEASE;
+use crate::engine::counters::Counters;
 use crate::engine::lifecycle::{self, CommitRefusal, Held, Refusal, UserFailure};
 use crate::error::{BoxError, ClaimError, CommitError, StaleClaim};
 use crate::fingerprint::Fingerprint;
@@ -148,12 +149,17 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
+        let span = self.span("commit");
+        let _entered = span.enter();
         let scope = self.scope.clone();
         let fence = self.held.fence;
         let answer = self
             .store
             .engine()
             .call(move |tx, ctx| lifecycle::commit(tx, ctx, &scope, fence, Box::new(work)));
+        if let Ok(Ok(response)) = &answer {
+            tracing::debug!(status = response.status(), "committed");
+        }
         match answer {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(CommitRefusal::User(UserFailure::Aborted(source)))) => {
@@ -185,6 +191,8 @@ impl Claim {
     /// # Errors
     /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
     pub fn release(self) -> Result<(), ClaimError> {
+        let span = self.span("release");
+        let _entered = span.enter();
         let scope = self.scope.clone();
         let fence = self.held.fence;
         let answer = self
@@ -200,6 +208,8 @@ impl Claim {
     /// [`ClaimError::InvalidLease`] for zero or more than 7 days; [`ClaimError::Stale`] if
     /// another attempt holds the scope; storage errors.
     pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
+        let span = self.span("extend");
+        let _entered = span.enter();
         if lease.is_zero() || lease > MAX_LEASE {
             return Err(ClaimError::InvalidLease {
                 requested_ms: lease.as_millis(),
@@ -224,6 +234,8 @@ impl Claim {
     /// [`ClaimError::CheckpointTooLarge`] over `Builder::max_checkpoint_bytes`;
     /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
     pub fn checkpoint(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
+        let span = self.span("checkpoint");
+        let _entered = span.enter();
         let bytes = bytes.into();
         let max = self.store.engine().config().max_checkpoint_bytes;
         if bytes.len() > max {
@@ -245,11 +257,32 @@ impl Claim {
     }
 
     fn stale(&self, reason: crate::error::StaleReason) -> StaleClaim {
+        Counters::add(&self.store.engine().counters().stale, 1);
+        tracing::warn!(
+            tenant = self.scope.tenant(),
+            operation = self.scope.operation(),
+            key = self.scope.key(),
+            fence = self.held.fence,
+            %reason,
+            "refused a stale claim"
+        );
         StaleClaim {
             scope: self.scope.clone(),
             fence: self.held.fence,
             reason,
         }
+    }
+
+    /// A span for an operation (`commit`, `release`, ...) on this claim.
+    fn span(&self, op: &'static str) -> tracing::Span {
+        tracing::debug_span!(
+            "idemstore.claim",
+            op,
+            tenant = self.scope.tenant(),
+            operation = self.scope.operation(),
+            key = self.scope.key(),
+            fence = self.held.fence
+        )
     }
 
     fn refused<T>(

@@ -84,6 +84,7 @@ mod read;
 mod record;
 mod response;
 mod scope;
+mod stats;
 mod storage;
 mod store;
 #[cfg(feature = "testing")]
@@ -109,7 +110,8 @@ pub use read::ReadTx;
 pub use record::{Record, RecordState};
 pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
-pub use store::{Abandoned, Compacted, Counts, Stats, Store};
+pub use stats::Stats;
+pub use store::{Abandoned, Compacted, Counts, Store};
 pub use tx::{OwnedValue, Tx};
 pub use wal::RecoveryReport;
 

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::decision::{Decision, decide};
 use crate::engine::Engine;
 use crate::engine::context::Needs;
-use crate::engine::counters::Counters;
+
 use crate::engine::job::Keep;
 use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
 use crate::engine::registry::Registry;
@@ -26,10 +26,11 @@ use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
 use crate::record::{Record, RecordState, Visibility};
 use crate::scope::Scope;
+use crate::stats::Stats;
 use crate::storage::Storage;
 use crate::tx::Tx;
 use crate::wal::RecoveryReport;
-use redb::TableDefinition;
+use redb::{ReadableTable, TableDefinition};
 
 /// An open idempotency store. Cheap to clone; every clone is the same store.
 ///
@@ -98,25 +99,6 @@ impl Compacted {
     }
 }
 
-/// What the writer has done since the store was opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub struct Stats {
-    /// Groups that wrote something and were made durable (one log sync each in `Wal` mode,
-    /// one durable redb commit each in `Redb` mode).
-    pub groups_committed: u64,
-    /// Log checkpoints (redb made durable, log segments freed for reuse).
-    pub checkpoints: u64,
-    /// Bytes appended to the write-ahead log (frame headers included).
-    pub log_bytes: u64,
-    /// Requests the writer answered.
-    pub writer_requests: u64,
-    /// Requests waiting for the writer right now.
-    pub queued: usize,
-    /// Callers waiting in `begin_or_wait` right now.
-    pub waiting: usize,
-}
-
 impl Store {
     /// Settings for opening a store.
     pub fn builder() -> Builder {
@@ -137,7 +119,27 @@ impl Store {
         registry: Registry,
         tables: InternalTables,
     ) -> Result<Store, OpenError> {
-        let engine = Arc::new(Engine::open(storage, config, registry, tables)?);
+        let engine = Arc::new(Engine::open(storage, config, registry, tables).inspect_err(
+            |e| {
+                tracing::error!(error = %e, "idemstore could not open");
+            },
+        )?);
+        let report = engine.recovery();
+        tracing::info!(
+            frames_replayed = report.frames_replayed,
+            bytes_replayed = report.bytes_replayed,
+            bytes_dropped = report.bytes_dropped,
+            recovery_ms = report.duration.as_millis() as u64,
+            "idemstore opened"
+        );
+        if let Some((segment, offset)) = &report.torn_tail {
+            tracing::warn!(
+                segment,
+                offset,
+                bytes = report.bytes_dropped,
+                "dropped a torn frame at the end of the log (it was never acknowledged)"
+            );
+        }
         engine.start_sweeper()?;
         Ok(Store { engine })
     }
@@ -153,6 +155,43 @@ impl Store {
     /// # Errors
     /// [`BeginError`] if storage fails or the store is poisoned; nothing was claimed.
     pub fn begin(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
+        let span = tracing::debug_span!(
+            "idemstore.begin",
+            tenant = scope.tenant(),
+            operation = scope.operation(),
+            key = scope.key(),
+        );
+        let _entered = span.enter();
+        let answer = self.decide(scope, fingerprint).inspect_err(|e| {
+            tracing::warn!(error = %e, "begin failed");
+        })?;
+        self.engine.counters().answered(&answer);
+        match &answer {
+            Begin::Claimed(claim) | Begin::Recovered(claim) => tracing::debug!(
+                outcome = if matches!(answer, Begin::Claimed(_)) {
+                    "claimed"
+                } else {
+                    "recovered"
+                },
+                fence = claim.fence(),
+                attempt = claim.attempt(),
+            ),
+            Begin::Replay(response) => {
+                tracing::debug!(outcome = "replay", status = response.status())
+            }
+            Begin::InProgress { retry_after } => {
+                tracing::debug!(
+                    outcome = "in_progress",
+                    retry_after_ms = retry_after.as_millis() as u64
+                );
+            }
+            Begin::Mismatch => tracing::debug!(outcome = "mismatch"),
+            Begin::Expired { .. } => tracing::debug!(outcome = "expired"),
+        }
+        Ok(answer)
+    }
+
+    fn decide(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
         let now = self.engine.config().clock.now();
         let existing = self.engine.read_record(scope)?;
         match decide(
@@ -284,21 +323,74 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn evict_expired(&self, limit: usize) -> Result<Evicted, StoreError> {
-        self.engine
-            .call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, limit))?
+        let evicted = self.engine.evict(limit)?;
+        tracing::debug!(
+            removed = evicted.removed,
+            tombstones_removed = evicted.tombstones_removed,
+            more = evicted.backlog == crate::Backlog::More,
+            "evicted expired records"
+        );
+        Ok(evicted)
     }
 
-    /// Counters since open. Cheap: no storage access.
-    pub fn stats(&self) -> Stats {
+    /// The store's state and activity: records by state (from the indexes, in constant time),
+    /// the log, and counters since open. For monitoring, it never waits for the writer (a
+    /// stats endpoint must not hang behind a busy one): the records by state are as of the
+    /// last publish of acknowledged writes to redb, a few milliseconds behind at most under
+    /// load. [`Store::counts`] is exact (it asks the writer to publish first).
+    ///
+    /// # Errors
+    /// [`StoreError`] if storage fails or the store is poisoned.
+    pub fn stats(&self) -> Result<Stats, StoreError> {
+        let txn = self.engine.published_snapshot()?;
+        let counts = self.counts_in(&txn)?;
+        let now = self.engine.config().clock.now();
+        let oldest_in_progress = self
+            .first_in_progress(&txn)?
+            .map(|created_at| now.saturating_since(created_at));
         let c = self.engine.counters();
-        Stats {
-            groups_committed: Counters::get(&c.groups_committed),
-            writer_requests: Counters::get(&c.requests),
-            checkpoints: Counters::get(&c.checkpoints),
-            log_bytes: Counters::get(&c.log_bytes),
-            queued: c.queued.load(std::sync::atomic::Ordering::Relaxed),
+        let since_checkpoint =
+            (self.engine.config().durability == crate::Durability::Wal).then(|| {
+                let last = c
+                    .last_checkpoint_ms
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                c.opened
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(last))
+            });
+        Ok(Stats {
+            in_progress: counts.lease_entries,
+            completed: counts.expiry_entries,
+            tombstones: counts.tombstone_entries,
+            oldest_in_progress,
+            log_bytes_since_checkpoint: c
+                .log_since_checkpoint
+                .load(std::sync::atomic::Ordering::Relaxed),
+            since_checkpoint,
             waiting: self.engine.watchers().waiting(),
+            ..Stats::default()
         }
+        .counted(c))
+    }
+
+    /// `created_at` of the in-progress record whose lease ends first.
+    fn first_in_progress(
+        &self,
+        txn: &redb::ReadTransaction,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let raw = |name| TableDefinition::<&[u8], &[u8]>::new(name);
+        let leases = txn.open_table(raw(LEASES))?;
+        let Some(first) = leases.first()? else {
+            return Ok(None);
+        };
+        let Some((_, scope)) = split_index_key(first.0.value()) else {
+            return Ok(None);
+        };
+        let records = txn.open_table(raw(RECORDS))?;
+        Ok(records
+            .get(scope)?
+            .and_then(|bytes| Record::decode(bytes.value()).ok())
+            .map(|record| record.created_at))
     }
 
     /// In-progress records whose lease has expired, oldest lease first, at most `limit`:
@@ -393,10 +485,18 @@ impl Store {
             Ok::<(), redb::CompactionError>(())
         })?;
         match result {
-            Ok(()) => Ok(Compacted {
-                bytes_before,
-                bytes_after: self.engine.db_len()?,
-            }),
+            Ok(()) => {
+                let compacted = Compacted {
+                    bytes_before,
+                    bytes_after: self.engine.db_len()?,
+                };
+                tracing::info!(
+                    bytes_before = compacted.bytes_before,
+                    bytes_after = compacted.bytes_after,
+                    "compacted the database file"
+                );
+                Ok(compacted)
+            }
             Err(redb::CompactionError::TransactionInProgress) => Err(CompactError::SnapshotOpen),
             Err(e) => Err(CompactError::Storage(e.to_string())),
         }
@@ -407,10 +507,13 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn counts(&self) -> Result<Counts, StoreError> {
-        let txn = self.engine.snapshot()?;
+        self.counts_in(&self.engine.snapshot()?)
+    }
+
+    fn counts_in(&self, txn: &redb::ReadTransaction) -> Result<Counts, StoreError> {
         let registry = self.engine.registry();
         let tables = self.engine.tables();
-        let len = |id| registry.table(id).len(&txn);
+        let len = |id| registry.table(id).len(txn);
         Ok(Counts {
             records: len(tables.records)?,
             expiry_entries: len(tables.expiry)?,

@@ -285,7 +285,7 @@ fn refused_input_leaves_the_store_empty() -> TestResult {
         "{err}"
     );
     assert_eq!(store.counts()?, Counts::default());
-    assert_eq!(store.stats().groups_committed, 0);
+    assert_eq!(store.stats()?.groups_committed, 0);
     Ok(())
 }
 

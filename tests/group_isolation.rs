@@ -37,7 +37,7 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
         })
     };
     writer_busy.recv()?;
-    let groups_before = store.stats().groups_committed;
+    let groups_before = store.stats()?.groups_committed;
 
     let start = Arc::new(Barrier::new(GOOD + 1));
     let committers: Vec<_> = claims
@@ -59,11 +59,11 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
         })
         .collect();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while store.stats().queued < GOOD + 1 {
+    while store.stats()?.queued < GOOD + 1 {
         assert!(
             std::time::Instant::now() < deadline,
             "the commits never queued: {:?}",
-            store.stats()
+            store.stats()?
         );
         std::thread::yield_now();
     }
@@ -76,7 +76,7 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
     }
     // The blocker wrote nothing, so its group was aborted, not committed: exactly one durable
     // group holds all 17 commits.
-    assert_eq!(store.stats().groups_committed, groups_before + 1);
+    assert_eq!(store.stats()?.groups_committed, groups_before + 1);
 
     for (i, result) in results.into_iter().enumerate() {
         if i == GOOD {
@@ -101,5 +101,64 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
         rows.iter()
             .all(|(k, _)| k != "poison-row" && k != &format!("order-{GOOD}"))
     );
+    Ok(())
+}
+
+/// Found by the sweeper test: a request queued behind one that ends the writer's epoch early
+/// (a checkpoint, a snapshot) was left waiting until some other request arrived.
+#[test]
+fn a_request_behind_a_checkpoint_in_the_same_group_is_answered_without_new_traffic() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = open(dir.path(), &clock())?;
+    let (release_writer, held) = mpsc::channel::<()>();
+    let (running, writer_busy) = mpsc::channel::<()>();
+    let blocker = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            store.write(move |_| {
+                running.send(())?;
+                held.recv()?;
+                Ok(())
+            })
+        })
+    };
+    writer_busy.recv()?;
+    let queued = |n: usize| -> TestResult {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while store.stats()?.queued < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "requests never queued"
+            );
+            std::thread::yield_now();
+        }
+        Ok(())
+    };
+    let checkpoint = {
+        let store = store.clone();
+        std::thread::spawn(move || store.checkpoint())
+    };
+    queued(1)?;
+    let (answered, write_done) = mpsc::channel();
+    let write = {
+        let store = store.clone();
+        std::thread::spawn(move || {
+            let result = store.write(|tx| {
+                tx.insert(&ORDERS, "behind", "the checkpoint")?;
+                Ok(())
+            });
+            let _ = answered.send(result.is_ok());
+        })
+    };
+    queued(2)?;
+    release_writer.send(())?;
+    blocker.join().map_err(|_| "blocker panicked")??;
+    checkpoint.join().map_err(|_| "checkpoint panicked")??;
+    let ok = write_done
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .map_err(|_| "the write behind the checkpoint was never answered")?;
+    assert!(ok);
+    write.join().map_err(|_| "writer thread panicked")?;
+    assert_eq!(orders(&store)?.len(), 1);
     Ok(())
 }

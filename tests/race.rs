@@ -111,7 +111,7 @@ fn thirty_two_threads_racing_each_of_500_keys_cause_exactly_500_side_effects() -
     assert_eq!(losers as usize, KEYS * (THREADS - 1));
     // Exactly one durable group per claim and one per commit: the losers that reached the
     // writer were answered without committing (or syncing) anything.
-    let stats = store.stats();
+    let stats = store.stats()?;
     assert_eq!(stats.groups_committed, 2 * KEYS as u64, "{stats:?}");
     Ok(())
 }

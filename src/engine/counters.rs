@@ -1,27 +1,112 @@
-//! Counters the writer keeps, read without locks by `Store::stats`.
+//! Counters kept since the store was opened, read without locks by `Store::stats`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-#[derive(Debug, Default)]
+/// Buckets of the group-size histogram: sizes 1, 2-3, 4-7, ..., 512-1023, 1024 and more.
+pub(crate) const GROUP_SIZE_BUCKETS: usize = 11;
+
+#[derive(Debug)]
 pub(crate) struct Counters {
+    /// When the store was opened: the origin of `last_checkpoint_ms`.
+    pub(crate) opened: std::time::Instant,
     /// Requests sent to the writer and not yet taken into a group.
     pub(crate) queued: AtomicUsize,
     /// Groups that wrote something and were made durable.
     pub(crate) groups_committed: AtomicU64,
+    /// Writer groups by number of requests, in power-of-two buckets.
+    pub(crate) group_sizes: [AtomicU64; GROUP_SIZE_BUCKETS],
     /// Requests answered by the writer (in any group, written or not).
     pub(crate) requests: AtomicU64,
     /// Bytes appended to the write-ahead log (frames with their headers).
     pub(crate) log_bytes: AtomicU64,
     /// Log checkpoints made (redb made durable, log segments freed).
     pub(crate) checkpoints: AtomicU64,
+    /// Milliseconds since the store opened at the last checkpoint (0: none yet).
+    pub(crate) last_checkpoint_ms: AtomicU64,
+    /// Log bytes written since the last checkpoint, as of the last epoch.
+    pub(crate) log_since_checkpoint: AtomicU64,
+    /// `begin` outcomes.
+    pub(crate) claims: AtomicU64,
+    pub(crate) recoveries: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) in_progress: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
+    pub(crate) expired: AtomicU64,
+    /// Operations refused because the claim's fence was stale.
+    pub(crate) stale: AtomicU64,
+    /// Completed records evicted, and tombstones removed.
+    pub(crate) evicted: AtomicU64,
+    pub(crate) tombstones_removed: AtomicU64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            opened: std::time::Instant::now(),
+            queued: AtomicUsize::default(),
+            groups_committed: AtomicU64::default(),
+            group_sizes: Default::default(),
+            requests: AtomicU64::default(),
+            log_bytes: AtomicU64::default(),
+            checkpoints: AtomicU64::default(),
+            last_checkpoint_ms: AtomicU64::default(),
+            log_since_checkpoint: AtomicU64::default(),
+            claims: AtomicU64::default(),
+            recoveries: AtomicU64::default(),
+            replays: AtomicU64::default(),
+            in_progress: AtomicU64::default(),
+            mismatches: AtomicU64::default(),
+            expired: AtomicU64::default(),
+            stale: AtomicU64::default(),
+            evicted: AtomicU64::default(),
+            tombstones_removed: AtomicU64::default(),
+        }
+    }
 }
 
 impl Counters {
+    /// Counts a `begin` answer.
+    pub(crate) fn answered(&self, answer: &crate::Begin) {
+        use crate::Begin;
+        Self::add(
+            match answer {
+                Begin::Claimed(_) => &self.claims,
+                Begin::Recovered(_) => &self.recoveries,
+                Begin::Replay(_) => &self.replays,
+                Begin::InProgress { .. } => &self.in_progress,
+                Begin::Mismatch => &self.mismatches,
+                Begin::Expired { .. } => &self.expired,
+            },
+            1,
+        );
+    }
+
     pub(crate) fn get(counter: &AtomicU64) -> u64 {
         counter.load(Ordering::Relaxed)
     }
 
     pub(crate) fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Counts one writer group of `size` requests.
+    pub(crate) fn group(&self, size: usize) {
+        let bucket = (usize::BITS - size.max(1).leading_zeros() - 1) as usize;
+        Self::add(&self.group_sizes[bucket.min(GROUP_SIZE_BUCKETS - 1)], 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_sizes_land_in_power_of_two_buckets() {
+        let c = Counters::default();
+        for size in [1, 2, 3, 4, 7, 8, 600, 100_000] {
+            c.group(size);
+        }
+        let got: Vec<u64> = c.group_sizes.iter().map(Counters::get).collect();
+        assert_eq!(got, vec![1, 2, 2, 1, 0, 0, 0, 0, 0, 1, 1]);
     }
 }

@@ -205,6 +205,18 @@ impl Engine {
         receiver.recv().map_err(|_| self.stopped())?
     }
 
+    /// Evicts up to `limit` expired records (the store's `evict_expired` and the sweeper), and
+    /// counts what it removed.
+    pub(crate) fn evict(&self, limit: usize) -> Result<lifecycle::Evicted, StoreError> {
+        let evicted = self.call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, limit))??;
+        Counters::add(&self.counters.evicted, evicted.removed as u64);
+        Counters::add(
+            &self.counters.tombstones_removed,
+            evicted.tombstones_removed as u64,
+        );
+        Ok(evicted)
+    }
+
     /// The size of the database file, in bytes.
     pub(crate) fn db_len(&self) -> Result<u64, StoreError> {
         self.storage
@@ -258,6 +270,13 @@ impl Engine {
                 (Keep::Nothing, ())
             })?;
         }
+        Ok(self.db.read().begin_read()?)
+    }
+
+    /// A redb snapshot of what is published, without asking the writer for anything: at most
+    /// one epoch behind the acknowledged state. For monitoring.
+    pub(crate) fn published_snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
+        self.poison.check()?;
         Ok(self.db.read().begin_read()?)
     }
 

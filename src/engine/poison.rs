@@ -25,7 +25,12 @@ impl Poison {
 
     /// Poisons the store; the first cause is kept.
     pub(crate) fn set(&self, cause: &str) {
-        let _first = self.cause.set(Arc::from(cause));
+        if self.cause.set(Arc::from(cause)).is_ok() {
+            tracing::error!(
+                cause,
+                "idemstore is poisoned: nothing more is written until it is reopened"
+            );
+        }
     }
 }
 

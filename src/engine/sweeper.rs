@@ -9,7 +9,7 @@ use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
 use super::Engine;
-use super::lifecycle::{self, Backlog};
+use super::lifecycle::Backlog;
 
 /// Batches one tick may evict before it yields the writer to other work until the next tick.
 const MAX_BATCHES_PER_TICK: usize = 100;
@@ -63,9 +63,8 @@ fn run(engine: &Weak<Engine>, stopped: &Receiver<()>, interval: Duration, batch:
             return;
         };
         for _ in 0..MAX_BATCHES_PER_TICK {
-            let pass = engine.call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, batch));
-            match pass {
-                Ok(Ok(evicted)) if evicted.backlog == Backlog::More => {}
+            match engine.evict(batch) {
+                Ok(evicted) if evicted.backlog == Backlog::More => {}
                 // Done, or failing: a failure is the store's to report (it is poisoned or
                 // closed), and the next tick tries again.
                 _ => break,

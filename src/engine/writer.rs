@@ -122,22 +122,27 @@ impl Writer {
         let poison = self.poison.clone();
         let _guard = PanicGuard(&poison);
         loop {
-            let first = match self.checkpoint_due_in() {
-                None => match self.queue.recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
-                },
-                Some(wait) => match self.queue.recv_timeout(wait) {
-                    Ok(job) => job,
-                    Err(RecvTimeoutError::Timeout) => {
-                        self.checkpoint_if_due();
-                        continue;
-                    }
-                    Err(RecvTimeoutError::Disconnected) => break,
-                },
-            };
-            self.received(1);
-            group.push_back(first);
+            // An epoch can end with requests still in `group` (one asked for a publish or a
+            // checkpoint part way through): those start the next epoch at once, never wait for
+            // a new request to arrive.
+            if group.is_empty() {
+                let first = match self.checkpoint_due_in() {
+                    None => match self.queue.recv() {
+                        Ok(job) => job,
+                        Err(_) => break,
+                    },
+                    Some(wait) => match self.queue.recv_timeout(wait) {
+                        Ok(job) => job,
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.checkpoint_if_due();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    },
+                };
+                self.received(1);
+                group.push_back(first);
+            }
             self.drain(&mut group);
             self.epoch(&mut group);
             self.checkpoint_if_due();
@@ -212,7 +217,10 @@ impl Writer {
         loop {
             let mut done = Vec::with_capacity(group.len());
             let outcome = match self.run_group(&txn, &mut open, group, &mut done) {
-                Ok(outcome) => outcome,
+                Ok(outcome) => {
+                    self.counters.group(done.len());
+                    outcome
+                }
                 Err(e) => {
                     drop(open);
                     drop(txn);
@@ -287,6 +295,11 @@ impl Writer {
         } else {
             txn.abort().map_err(StoreError::from)
         };
+        if let Some(log) = self.log.as_ref() {
+            self.counters
+                .log_since_checkpoint
+                .store(log.since_checkpoint(), Ordering::Relaxed);
+        }
         let result = published.and_then(|()| {
             self.overlay.published();
             if needs >= Needs::Checkpointed {
@@ -465,8 +478,19 @@ impl Writer {
         )
         .unwrap_or(usize::MAX);
         log.checkpointed(seq, keep_free);
+        tracing::debug!(seq, "checkpoint");
         self.last_checkpoint = Instant::now();
         Counters::add(&self.counters.checkpoints, 1);
+        self.counters
+            .log_since_checkpoint
+            .store(0, Ordering::Relaxed);
+        let since_open = self.last_checkpoint.duration_since(self.counters.opened);
+        self.counters.last_checkpoint_ms.store(
+            u64::try_from(since_open.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+            Ordering::Relaxed,
+        );
         Ok(())
     }
 }

@@ -1,0 +1,89 @@
+//! What a store reports about itself: records by state, the log, and counters since open.
+
+use std::time::Duration;
+
+use crate::engine::counters::{Counters, GROUP_SIZE_BUCKETS};
+
+/// A store's state and activity, from [`Store::stats`](crate::Store::stats).
+///
+/// Records by state are read from the indexes (constant time); counters count since the store
+/// was opened in this process.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Stats {
+    /// In-progress records (claims held, or abandoned by a crashed attempt).
+    pub in_progress: u64,
+    /// Completed records, including ones past their TTL that eviction has not reached yet.
+    pub completed: u64,
+    /// Tombstones (see `Builder::tombstone_ttl`).
+    pub tombstones: u64,
+    /// Age of the in-progress record whose lease ends first (normally the oldest work in
+    /// progress; an extended lease can hide an older one). `None` if nothing is in progress.
+    pub oldest_in_progress: Option<Duration>,
+
+    /// Log bytes written since the last checkpoint: what a crash now would replay.
+    pub log_bytes_since_checkpoint: u64,
+    /// Time since the last checkpoint (or since open, if none yet). `None` in `Redb` mode.
+    pub since_checkpoint: Option<Duration>,
+    /// Bytes appended to the write-ahead log since open (frame headers included).
+    pub log_bytes: u64,
+    /// Checkpoints since open.
+    pub checkpoints: u64,
+
+    /// `begin` answers since open: `Claimed`.
+    pub claims: u64,
+    /// `Recovered` (take-overs of an expired lease).
+    pub recoveries: u64,
+    /// `Replay`.
+    pub replays: u64,
+    /// `InProgress`.
+    pub in_progress_answers: u64,
+    /// `Mismatch`.
+    pub mismatches: u64,
+    /// `Expired` (tombstone hits).
+    pub expired_answers: u64,
+    /// Commits, releases, extends and checkpoints refused because another attempt took the
+    /// scope over (a stale fence).
+    pub stale_rejections: u64,
+    /// Completed records evicted after their TTL (by `evict_expired` or the sweeper).
+    pub evicted: u64,
+    /// Tombstones removed after their time.
+    pub tombstones_removed: u64,
+
+    /// Groups that wrote something and were made durable.
+    pub groups_committed: u64,
+    /// Writer groups by number of requests: `group_sizes[i]` counts groups of `2^i ..
+    /// 2^(i+1)` requests (the last bucket, 1,024 and more).
+    pub group_sizes: [u64; GROUP_SIZE_BUCKETS],
+    /// Requests the writer answered.
+    pub writer_requests: u64,
+    /// Requests waiting for the writer right now.
+    pub queued: usize,
+    /// Callers waiting in `begin_or_wait` right now.
+    pub waiting: usize,
+}
+
+impl Stats {
+    /// Fills in the counters kept since open.
+    pub(crate) fn counted(mut self, c: &Counters) -> Self {
+        let get = Counters::get;
+        self.log_bytes = get(&c.log_bytes);
+        self.checkpoints = get(&c.checkpoints);
+        self.claims = get(&c.claims);
+        self.recoveries = get(&c.recoveries);
+        self.replays = get(&c.replays);
+        self.in_progress_answers = get(&c.in_progress);
+        self.mismatches = get(&c.mismatches);
+        self.expired_answers = get(&c.expired);
+        self.stale_rejections = get(&c.stale);
+        self.evicted = get(&c.evicted);
+        self.tombstones_removed = get(&c.tombstones_removed);
+        self.groups_committed = get(&c.groups_committed);
+        for (out, bucket) in self.group_sizes.iter_mut().zip(&c.group_sizes) {
+            *out = get(bucket);
+        }
+        self.writer_requests = get(&c.requests);
+        self.queued = c.queued.load(std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+}
