@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use crate::clock::Timestamp;
 use crate::config::MAX_LEASE;
+use crate::engine::context::Context;
 use crate::engine::counters::Counters;
+use crate::engine::job::Work;
 use crate::engine::lifecycle::{self, CommitRefusal, Held, Refusal, UserFailure};
-use crate::error::{BoxError, ClaimError, CommitError, StaleClaim};
+use crate::error::{BoxError, ClaimError, CommitError, StaleClaim, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::scope::Scope;
@@ -151,17 +153,89 @@ impl Claim {
     {
         let span = self.span("commit");
         let _entered = span.enter();
+        let answer = self.store.engine().call(self.commit_work(work));
+        self.committed(answer)
+    }
+
+    /// Gives the scope up: the work did not happen (no side effect), and the next `begin` of
+    /// the scope is `Claimed`. Durable when it returns.
+    ///
+    /// # Errors
+    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
+    pub fn release(self) -> Result<(), ClaimError> {
+        let span = self.span("release");
+        let _entered = span.enter();
+        let answer = self.store.engine().call(self.release_work());
+        self.refused(answer)
+    }
+
+    /// Moves the end of the lease to `lease` from now, for work that runs long.
+    ///
+    /// # Errors
+    /// [`ClaimError::InvalidLease`] for zero or more than 7 days; [`ClaimError::Stale`] if
+    /// another attempt holds the scope; storage errors.
+    pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
+        let span = self.span("extend");
+        let _entered = span.enter();
+        let work = self.extend_work(lease)?;
+        let answer = self.store.engine().call(work);
+        self.held.lease_until = self.refused(answer)?;
+        Ok(())
+    }
+
+    /// Stores progress (a step reached, a downstream id obtained) for a later attempt to read
+    /// if this one dies: it arrives as [`Claim::last_checkpoint`] on the `Recovered` claim.
+    /// Durable when it returns. Does not extend the lease.
+    ///
+    /// # Errors
+    /// [`ClaimError::CheckpointTooLarge`] over `Builder::max_checkpoint_bytes`;
+    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
+    pub fn checkpoint(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
+        let span = self.span("checkpoint");
+        let _entered = span.enter();
+        let bytes = bytes.into();
+        let work = self.checkpoint_work(bytes.clone())?;
+        let answer = self.store.engine().call(work);
+        self.refused(answer)?;
+        self.held.checkpoint = Some(bytes);
+        Ok(())
+    }
+
+    #[cfg(feature = "tokio")]
+    pub(crate) fn store(&self) -> &Store {
+        &self.store
+    }
+
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_lease_until(&mut self, until: Timestamp) {
+        self.held.lease_until = until;
+    }
+
+    #[cfg(feature = "tokio")]
+    pub(crate) fn set_checkpoint(&mut self, bytes: Vec<u8>) {
+        self.held.checkpoint = Some(bytes);
+    }
+
+    /// The writer's part of `commit`.
+    pub(crate) fn commit_work<F>(&self, work: F) -> impl Work<Result<Response, CommitRefusal>>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
         let scope = self.scope.clone();
         let fence = self.held.fence;
-        let answer = self
-            .store
-            .engine()
-            .call(move |tx, ctx| lifecycle::commit(tx, ctx, &scope, fence, Box::new(work)));
-        if let Ok(Ok(response)) = &answer {
-            tracing::debug!(status = response.status(), "committed");
-        }
+        move |tx, ctx| lifecycle::commit(tx, ctx, &scope, fence, Box::new(work))
+    }
+
+    /// `commit`'s answer, with the claim handed back when it is still held.
+    pub(crate) fn committed(
+        self,
+        answer: Result<Result<Response, CommitRefusal>, StoreError>,
+    ) -> Result<Response, CommitError> {
         match answer {
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(response)) => {
+                tracing::debug!(status = response.status(), "committed");
+                Ok(response)
+            }
             Ok(Err(CommitRefusal::User(UserFailure::Aborted(source)))) => {
                 Err(CommitError::Aborted {
                     source,
@@ -185,31 +259,18 @@ impl Claim {
         }
     }
 
-    /// Gives the scope up: the work did not happen (no side effect), and the next `begin` of
-    /// the scope is `Claimed`. Durable when it returns.
-    ///
-    /// # Errors
-    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
-    pub fn release(self) -> Result<(), ClaimError> {
-        let span = self.span("release");
-        let _entered = span.enter();
+    /// The writer's part of `release`.
+    pub(crate) fn release_work(&self) -> impl Work<Result<(), Refusal>> {
         let scope = self.scope.clone();
         let fence = self.held.fence;
-        let answer = self
-            .store
-            .engine()
-            .call(move |tx, ctx| lifecycle::release(tx, ctx, &scope, fence));
-        self.refused(answer)
+        move |tx, ctx| lifecycle::release(tx, ctx, &scope, fence)
     }
 
-    /// Moves the end of the lease to `lease` from now, for work that runs long.
-    ///
-    /// # Errors
-    /// [`ClaimError::InvalidLease`] for zero or more than 7 days; [`ClaimError::Stale`] if
-    /// another attempt holds the scope; storage errors.
-    pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
-        let span = self.span("extend");
-        let _entered = span.enter();
+    /// The writer's part of `extend`, after checking the lease.
+    pub(crate) fn extend_work(
+        &self,
+        lease: Duration,
+    ) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
         if lease.is_zero() || lease > MAX_LEASE {
             return Err(ClaimError::InvalidLease {
                 requested_ms: lease.as_millis(),
@@ -218,25 +279,16 @@ impl Claim {
         }
         let scope = self.scope.clone();
         let fence = self.held.fence;
-        let answer = self
-            .store
-            .engine()
-            .call(move |tx, ctx| lifecycle::extend(tx, ctx, &scope, fence, lease));
-        self.held.lease_until = self.refused(answer)?;
-        Ok(())
+        Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+            lifecycle::extend(tx, ctx, &scope, fence, lease)
+        })
     }
 
-    /// Stores progress (a step reached, a downstream id obtained) for a later attempt to read
-    /// if this one dies: it arrives as [`Claim::last_checkpoint`] on the `Recovered` claim.
-    /// Durable when it returns. Does not extend the lease.
-    ///
-    /// # Errors
-    /// [`ClaimError::CheckpointTooLarge`] over `Builder::max_checkpoint_bytes`;
-    /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
-    pub fn checkpoint(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
-        let span = self.span("checkpoint");
-        let _entered = span.enter();
-        let bytes = bytes.into();
+    /// The writer's part of `checkpoint`, after checking the size.
+    pub(crate) fn checkpoint_work(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<impl Work<Result<(), Refusal>>, ClaimError> {
         let max = self.store.engine().config().max_checkpoint_bytes;
         if bytes.len() > max {
             return Err(ClaimError::CheckpointTooLarge {
@@ -246,14 +298,9 @@ impl Claim {
         }
         let scope = self.scope.clone();
         let fence = self.held.fence;
-        let stored = bytes.clone();
-        let answer = self
-            .store
-            .engine()
-            .call(move |tx, ctx| lifecycle::checkpoint(tx, ctx, &scope, fence, stored));
-        self.refused(answer)?;
-        self.held.checkpoint = Some(bytes);
-        Ok(())
+        Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+            lifecycle::checkpoint(tx, ctx, &scope, fence, bytes)
+        })
     }
 
     fn stale(&self, reason: crate::error::StaleReason) -> StaleClaim {
@@ -274,7 +321,7 @@ impl Claim {
     }
 
     /// A span for an operation (`commit`, `release`, ...) on this claim.
-    fn span(&self, op: &'static str) -> tracing::Span {
+    pub(crate) fn span(&self, op: &'static str) -> tracing::Span {
         tracing::debug_span!(
             "idemstore.claim",
             op,
@@ -285,9 +332,9 @@ impl Claim {
         )
     }
 
-    fn refused<T>(
+    pub(crate) fn refused<T>(
         &self,
-        answer: Result<Result<T, Refusal>, crate::error::StoreError>,
+        answer: Result<Result<T, Refusal>, StoreError>,
     ) -> Result<T, ClaimError> {
         match answer {
             Ok(Ok(value)) => Ok(value),

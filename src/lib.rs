@@ -72,6 +72,8 @@
 
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "tokio")]
+mod async_api;
 mod builder;
 mod claim;
 mod clock;

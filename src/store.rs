@@ -99,6 +99,24 @@ impl Compacted {
     }
 }
 
+/// Where `begin`'s read path left a request.
+pub(crate) enum ReadPath {
+    /// Answered without writing.
+    Answered(Begin),
+    /// A claim or take-over: the writer must decide.
+    Writer,
+}
+
+/// The span every `begin` runs in.
+pub(crate) fn begin_span(scope: &Scope) -> tracing::Span {
+    tracing::debug_span!(
+        "idemstore.begin",
+        tenant = scope.tenant(),
+        operation = scope.operation(),
+        key = scope.key(),
+    )
+}
+
 impl Store {
     /// Settings for opening a store.
     pub fn builder() -> Builder {
@@ -155,14 +173,25 @@ impl Store {
     /// # Errors
     /// [`BeginError`] if storage fails or the store is poisoned; nothing was claimed.
     pub fn begin(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
-        let span = tracing::debug_span!(
-            "idemstore.begin",
-            tenant = scope.tenant(),
-            operation = scope.operation(),
-            key = scope.key(),
-        );
+        let span = begin_span(scope);
         let _entered = span.enter();
-        let answer = self.decide(scope, fingerprint).inspect_err(|e| {
+        let answer = match self.read_path(scope, fingerprint) {
+            Ok(ReadPath::Answered(answer)) => Ok(answer),
+            Ok(ReadPath::Writer) => {
+                let decided = scope.clone();
+                self.engine
+                    .call(move |tx, ctx| lifecycle::begin(tx, ctx, &decided, fingerprint))
+                    .map_err(BeginError::from)
+                    .and_then(|answer| Ok(self.writer_answer(scope, fingerprint, answer?)))
+            }
+            Err(e) => Err(e),
+        };
+        self.answered(answer)
+    }
+
+    /// Counts and traces a `begin` answer.
+    pub(crate) fn answered(&self, answer: Result<Begin, BeginError>) -> Result<Begin, BeginError> {
+        let answer = answer.inspect_err(|e| {
             tracing::warn!(error = %e, "begin failed");
         })?;
         self.engine.counters().answered(&answer);
@@ -191,7 +220,12 @@ impl Store {
         Ok(answer)
     }
 
-    fn decide(&self, scope: &Scope, fingerprint: Fingerprint) -> Result<Begin, BeginError> {
+    /// `begin`'s first step, from a read transaction: answers everything that writes nothing.
+    pub(crate) fn read_path(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<ReadPath, BeginError> {
         let now = self.engine.config().clock.now();
         let existing = self.engine.read_record(scope)?;
         match decide(
@@ -202,29 +236,39 @@ impl Store {
         ) {
             Decision::Replay => {
                 if let Some(RecordState::Completed { response, .. }) = existing.map(|r| r.state) {
-                    return Ok(Begin::Replay(response));
+                    return Ok(ReadPath::Answered(Begin::Replay(response)));
                 }
             }
-            Decision::InProgress { retry_after } => return Ok(Begin::InProgress { retry_after }),
-            Decision::Mismatch => return Ok(Begin::Mismatch),
-            Decision::Expired { completed_at } => return Ok(Begin::Expired { completed_at }),
+            Decision::InProgress { retry_after } => {
+                return Ok(ReadPath::Answered(Begin::InProgress { retry_after }));
+            }
+            Decision::Mismatch => return Ok(ReadPath::Answered(Begin::Mismatch)),
+            Decision::Expired { completed_at } => {
+                return Ok(ReadPath::Answered(Begin::Expired { completed_at }));
+            }
             // Writes: the writer decides again inside its transaction, where racing claims
             // for the same scope are serialised and exactly one wins.
             Decision::Claim | Decision::TakeOver => {}
         }
-        let decided = scope.clone();
-        let answer = self
-            .engine
-            .call(move |tx, ctx| lifecycle::begin(tx, ctx, &decided, fingerprint))??;
+        Ok(ReadPath::Writer)
+    }
+
+    /// `begin`'s answer from the writer, with a claim bound to this store.
+    pub(crate) fn writer_answer(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        answer: BeginAnswer,
+    ) -> Begin {
         let claim = |held| Claim::new(self.clone(), scope.clone(), fingerprint, held);
-        Ok(match answer {
+        match answer {
             BeginAnswer::Claimed(held) => Begin::Claimed(claim(held)),
             BeginAnswer::Recovered(held) => Begin::Recovered(claim(held)),
             BeginAnswer::Replay(response) => Begin::Replay(response),
             BeginAnswer::InProgress { retry_after } => Begin::InProgress { retry_after },
             BeginAnswer::Mismatch => Begin::Mismatch,
             BeginAnswer::Expired { completed_at } => Begin::Expired { completed_at },
-        })
+        }
     }
 
     /// Like [`Store::begin`], but when the scope is held by a live claim *of this process*,

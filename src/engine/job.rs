@@ -20,6 +20,16 @@ pub(crate) enum Keep {
     Nothing,
 }
 
+/// What a request does on the writer: read and write through the group's transaction, and
+/// produce an answer of type `R` (plus whether to keep its writes).
+pub(crate) trait Work<R>:
+    FnOnce(&mut Tx<'_>, &mut Context<'_>) -> (Keep, R) + Send + 'static
+{
+}
+
+impl<R, F> Work<R> for F where F: FnOnce(&mut Tx<'_>, &mut Context<'_>) -> (Keep, R) + Send + 'static
+{}
+
 /// One request, type-erased so the writer's queue holds any kind.
 pub(crate) trait Job: Send {
     /// Runs the request against the group's transaction.

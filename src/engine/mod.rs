@@ -35,13 +35,11 @@ use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::record::Record;
 use crate::scope::Scope;
 use crate::storage::{LogDir, Storage};
-use crate::tx::Tx;
 use crate::wal::{self, Log, RecoveryReport};
 
-use self::context::Context;
 use self::context::Needs;
 use self::counters::Counters;
-use self::job::{ExclusiveTask, Job, Keep, Task};
+use self::job::{ExclusiveTask, Job, Keep, Task, Work};
 use self::log_thread::LogThread;
 use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
@@ -226,16 +224,43 @@ impl Engine {
 
     /// Runs `work` on the writer inside the next group and returns its answer once the group is
     /// durable.
-    pub(crate) fn call<R: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut Tx<'_>, &mut Context<'_>) -> (Keep, R) + Send + 'static,
-    ) -> Result<R, StoreError> {
+    pub(crate) fn call<R: Send + 'static>(&self, work: impl Work<R>) -> Result<R, StoreError> {
         let (answer, receiver) = sync_channel(1);
         self.submit(Task::boxed(work, move |result| {
             // The caller may have given up waiting; nobody is left to tell.
             let _ = answer.send(result);
         }))?;
         receiver.recv().map_err(|_| self.stopped())?
+    }
+
+    /// `call` for async callers: the writer answers through a oneshot, and a full queue is
+    /// waited on from the blocking pool, so a runtime worker never blocks.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn call_async<R: Send + 'static>(
+        &self,
+        work: impl Work<R>,
+    ) -> Result<R, StoreError> {
+        let (answer, receiver) = tokio::sync::oneshot::channel();
+        let job = Task::boxed(work, move |result| {
+            let _ = answer.send(result);
+        });
+        self.poison.check()?;
+        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?.clone();
+        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        let sent = match queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(std::sync::mpsc::TrySendError::Full(job)) => {
+                tokio::task::spawn_blocking(move || queue.send(job).map_err(|_| ()))
+                    .await
+                    .unwrap_or(Err(()))
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => Err(()),
+        };
+        if sent.is_err() {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(self.stopped());
+        }
+        receiver.await.map_err(|_| self.stopped())?
     }
 
     fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
