@@ -67,6 +67,8 @@
 //! - `engine`: the redb file, the table registry, and the writer thread that runs every write
 //!   in groups (one transaction and one sync per group), with per-request write sets.
 //! - `error`: one error enum per operation.
+//! - `http` (feature `http`, on by default): the `Idempotency-Key` header as a tower/axum
+//!   middleware; the only place that knows HTTP statuses.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
@@ -82,6 +84,8 @@ mod decision;
 mod engine;
 mod error;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod read;
 mod record;
 mod response;

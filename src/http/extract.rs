@@ -1,0 +1,367 @@
+//! The claim as a handler sees it: the [`IdempotentRequest`] extractor.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::IntoResponse;
+use parking_lot::Mutex;
+
+use super::convert::{self, Delivery};
+use super::problem::problem;
+use crate::claim::Claim;
+use crate::error::{BoxError, ClaimError, CommitError, ResponseError, StaleClaim, StoreError};
+use crate::response::Response;
+use crate::scope::Scope;
+use crate::tx::Tx;
+
+/// Where the claim is between the middleware and the handler.
+enum Slot {
+    /// Not yet finished: whoever finishes it takes it out.
+    Held(Claim),
+    /// Taken out by an operation in flight (a commit, a checkpoint).
+    Busy,
+    /// Finished by the handler, or taken back by the middleware.
+    Done(Finish),
+}
+
+/// How the claim was finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Finish {
+    /// The handler committed its writes and its response.
+    Committed,
+    /// The handler released the claim: no side effect, a retry runs again.
+    Released,
+    /// The handler left the claim in progress: its outcome is unknown, and a retry after the
+    /// lease is a recovery.
+    LeftInProgress,
+    /// The handler returned and the middleware took the claim back to store its response.
+    Returned,
+}
+
+impl fmt::Display for Finish {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Finish::Committed => "committed",
+            Finish::Released => "released",
+            Finish::LeftInProgress => "left in progress",
+            Finish::Returned => "taken back by the middleware after the handler returned",
+        })
+    }
+}
+
+/// What the middleware finds after the handler returned.
+pub(crate) enum AfterHandler {
+    /// The handler did not finish the claim: the middleware stores the response (or releases).
+    Unfinished(Claim),
+    /// The handler finished it (or an operation of its is still in flight).
+    Finished,
+}
+
+struct Shared {
+    scope: Scope,
+    attempt: u32,
+    fence: u64,
+    downstream_key: String,
+    slot: Mutex<Slot>,
+    checkpoint: Mutex<Option<Vec<u8>>>,
+}
+
+/// The claim of an idempotent request, for its handler.
+///
+/// The [`IdempotencyLayer`](super::IdempotencyLayer) claims the key before the handler runs and
+/// puts this in the request's extensions. A handler that takes it can make its business
+/// writes and its response **one** commit ([`IdempotentRequest::commit`]); one that does not,
+/// has its response stored by the middleware when it returns.
+///
+/// A recovery (the previous attempt's lease expired, [`attempt`](Self::attempt) > 1) may find
+/// the previous attempt's side effects done: pass [`downstream_key`](Self::downstream_key) to
+/// downstream APIs so that they deduplicate, and read
+/// [`last_checkpoint`](Self::last_checkpoint).
+///
+/// If the handler panics or its future is dropped (the client went away, a timeout layer
+/// fired), the claim is left in progress: the work's outcome is unknown, so the next attempt
+/// after the lease is a recovery, never a silent fresh start.
+#[derive(Clone)]
+pub struct IdempotentRequest {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for IdempotentRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentRequest")
+            .field("scope", &self.shared.scope)
+            .field("attempt", &self.shared.attempt)
+            .field("fence", &self.shared.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotentRequest {
+    pub(crate) fn new(claim: Claim) -> Self {
+        IdempotentRequest {
+            shared: Arc::new(Shared {
+                scope: claim.scope().clone(),
+                attempt: claim.attempt(),
+                fence: claim.fence(),
+                downstream_key: claim.downstream_key(),
+                checkpoint: Mutex::new(claim.last_checkpoint().map(<[u8]>::to_vec)),
+                slot: Mutex::new(Slot::Held(claim)),
+            }),
+        }
+    }
+
+    /// The `(tenant, operation, key)` claimed.
+    pub fn scope(&self) -> &Scope {
+        &self.shared.scope
+    }
+
+    /// 1 for a first attempt; n + 1 when this request took over from attempt n, whose lease
+    /// expired (its process crashed, or its handler left the claim in progress).
+    pub fn attempt(&self) -> u32 {
+        self.shared.attempt
+    }
+
+    /// The claim's fence (see [`Claim::fence`]).
+    pub fn fence(&self) -> u64 {
+        self.shared.fence
+    }
+
+    /// A key for downstream APIs, the same for every attempt of this operation
+    /// ([`Claim::downstream_key`]).
+    pub fn downstream_key(&self) -> &str {
+        &self.shared.downstream_key
+    }
+
+    /// The latest checkpoint: the previous attempt's on a recovery, then this attempt's own.
+    pub fn last_checkpoint(&self) -> Option<Vec<u8>> {
+        self.shared.checkpoint.lock().clone()
+    }
+
+    /// Takes the claim out for an operation.
+    fn take(&self) -> Result<Claim, HandlerError> {
+        let mut slot = self.shared.slot.lock();
+        match std::mem::replace(&mut *slot, Slot::Busy) {
+            Slot::Held(claim) => Ok(claim),
+            Slot::Busy => Err(HandlerError::Busy),
+            Slot::Done(finish) => {
+                *slot = Slot::Done(finish);
+                Err(HandlerError::Finished(finish))
+            }
+        }
+    }
+
+    fn put_back(&self, claim: Claim) {
+        *self.shared.slot.lock() = Slot::Held(claim);
+    }
+
+    fn finish(&self, finish: Finish) {
+        *self.shared.slot.lock() = Slot::Done(finish);
+    }
+
+    /// Runs `work` in the store's writer transaction and stores its response as the key's
+    /// completed record, atomically with every business write `work` makes; answers the stored
+    /// response as HTTP, exactly as a replay will carry it (without `Idempotent-Replayed`).
+    ///
+    /// `work` runs on the store's writer thread: do slow calls (the payment processor) before.
+    /// On an error that leaves the claim held (the closure failed or panicked, the response
+    /// was refused), the claim goes back to this request: the handler may try again, release,
+    /// or return an error response for the middleware to store.
+    ///
+    /// # Errors
+    /// See [`HandlerError`]; its `IntoResponse` answers 500 (503 for storage).
+    pub async fn commit<F>(&self, work: F) -> Result<axum::http::Response<Body>, HandlerError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
+        let claim = self.take()?;
+        match claim.commit_async(work).await {
+            Ok(stored) => {
+                self.finish(Finish::Committed);
+                Ok(convert::to_http(&stored, Delivery::First))
+            }
+            Err(CommitError::Aborted { source, claim }) => {
+                self.put_back(*claim);
+                Err(HandlerError::Aborted(source))
+            }
+            Err(CommitError::Panicked { message, claim }) => {
+                self.put_back(*claim);
+                Err(HandlerError::Panicked(message))
+            }
+            Err(CommitError::InvalidResponse { source, claim }) => {
+                self.put_back(*claim);
+                Err(HandlerError::InvalidResponse(source))
+            }
+            Err(CommitError::Stale(stale)) => {
+                self.finish(Finish::LeftInProgress);
+                Err(HandlerError::Stale(stale))
+            }
+            Err(CommitError::Store(e)) => {
+                self.finish(Finish::LeftInProgress);
+                Err(HandlerError::Store(e))
+            }
+        }
+    }
+
+    /// Gives the key up: nothing happened, and a retry runs the handler again. The middleware
+    /// then returns the handler's response without storing it.
+    ///
+    /// # Errors
+    /// [`HandlerError`] if the claim is already finished, stale, or storage failed.
+    pub async fn release(&self) -> Result<(), HandlerError> {
+        let claim = self.take()?;
+        let released = claim.release_async().await;
+        self.finish(if released.is_ok() {
+            Finish::Released
+        } else {
+            Finish::LeftInProgress
+        });
+        released.map_err(HandlerError::Claim)
+    }
+
+    /// Leaves the claim in progress and tells the middleware not to store the response: for
+    /// an outcome the handler cannot know (a downstream call timed out). Retries within the
+    /// lease get 409; the first after it is a recovery, which asks downstream with
+    /// [`downstream_key`](Self::downstream_key) what happened.
+    ///
+    /// # Errors
+    /// [`HandlerError`] if the claim is already finished or an operation on it is in flight.
+    pub fn leave_in_progress(&self) -> Result<(), HandlerError> {
+        drop(self.take()?);
+        self.finish(Finish::LeftInProgress);
+        Ok(())
+    }
+
+    /// Stores progress for a later attempt ([`Claim::checkpoint`]).
+    ///
+    /// # Errors
+    /// [`HandlerError`] if the claim is finished, stale, the checkpoint too large, or storage
+    /// failed.
+    pub async fn checkpoint(&self, bytes: impl Into<Vec<u8>>) -> Result<(), HandlerError> {
+        let bytes = bytes.into();
+        let mut claim = self.take()?;
+        let stored = claim.checkpoint_async(bytes.clone()).await;
+        self.put_back(claim);
+        stored.map_err(HandlerError::Claim)?;
+        *self.shared.checkpoint.lock() = Some(bytes);
+        Ok(())
+    }
+
+    /// Moves the end of the lease to `lease` from now ([`Claim::extend`]).
+    ///
+    /// # Errors
+    /// [`HandlerError`] if the claim is finished, stale, the lease invalid, or storage failed.
+    pub async fn extend(&self, lease: Duration) -> Result<(), HandlerError> {
+        let mut claim = self.take()?;
+        let extended = claim.extend_async(lease).await;
+        self.put_back(claim);
+        extended.map_err(HandlerError::Claim)
+    }
+
+    /// The middleware's side: takes the claim back once the handler returned.
+    pub(crate) fn after_handler(&self) -> AfterHandler {
+        let mut slot = self.shared.slot.lock();
+        match std::mem::replace(&mut *slot, Slot::Done(Finish::Returned)) {
+            Slot::Held(claim) => AfterHandler::Unfinished(claim),
+            other => {
+                *slot = other;
+                AfterHandler::Finished
+            }
+        }
+    }
+}
+
+/// Why an [`IdempotentRequest`] operation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandlerError {
+    /// The claim was already finished.
+    #[error("the claim is already {0}; commit, release or leave it in progress once")]
+    Finished(Finish),
+    /// Another operation on the claim is in flight (two tasks share the request).
+    #[error("another operation on this claim is in flight; finish the claim from one task")]
+    Busy,
+    /// The commit closure failed; nothing was written and the claim is still held.
+    #[error("the commit closure failed ({0}); nothing was written and the claim is still held")]
+    Aborted(BoxError),
+    /// The commit closure panicked; nothing was written and the claim is still held.
+    #[error("the commit closure panicked ({0}); nothing was written and the claim is still held")]
+    Panicked(String),
+    /// The closure's response does not fit the store's limits; the claim is still held.
+    #[error("the response was refused ({0}); nothing was written and the claim is still held")]
+    InvalidResponse(ResponseError),
+    /// Another attempt owns the key now (this one outlived its lease).
+    #[error(transparent)]
+    Stale(StaleClaim),
+    /// A release, checkpoint or extend was refused.
+    #[error(transparent)]
+    Claim(ClaimError),
+    /// Storage failed; the claim is left in progress.
+    #[error(transparent)]
+    Store(StoreError),
+}
+
+impl IntoResponse for HandlerError {
+    fn into_response(self) -> axum::response::Response {
+        let (status, kind) = match &self {
+            HandlerError::Store(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "idempotency-store-unavailable",
+            ),
+            HandlerError::Stale(_) => (StatusCode::CONFLICT, "claim-taken-over"),
+            _ => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "idempotent-handler-failed",
+            ),
+        };
+        problem(
+            status,
+            kind,
+            "The request could not be completed",
+            &self.to_string(),
+        )
+    }
+}
+
+/// The handler asked for an [`IdempotentRequest`] but the request carries no claim.
+#[derive(Debug, Clone, Copy)]
+pub struct MissingClaim;
+
+impl IntoResponse for MissingClaim {
+    fn into_response(self) -> axum::response::Response {
+        problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "missing-idempotency-layer",
+            "The handler expects an idempotent request",
+            "this route's handler takes an IdempotentRequest but the request was not claimed: add IdempotencyLayer to the route and cover its method, or take Option<IdempotentRequest> when the key is optional",
+        )
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotentRequest {
+    type Rejection = MissingClaim;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<IdempotentRequest>()
+            .cloned()
+            .ok_or(MissingClaim)
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotentRequest {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<IdempotentRequest>().cloned())
+    }
+}

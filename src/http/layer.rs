@@ -1,0 +1,303 @@
+//! The layer and its settings: which requests are covered, where the tenant and the operation
+//! come from, and what is done with the handler's failures.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::MatchedPath;
+use axum::http::request::Parts;
+use axum::http::{HeaderName, Method, StatusCode, header};
+use tower::Layer;
+
+use super::service::IdempotencyService;
+use crate::store::Store;
+
+/// The authenticated tenant of a request, as the application's authentication layer records it
+/// in the request's extensions (`request.extensions_mut().insert(Tenant(account_id))`).
+///
+/// The default tenant extractor of [`IdempotencyLayer`] reads this. Keys are scoped per tenant
+/// so that two callers sending the same key never see each other's responses; the tenant must
+/// therefore come from authentication, never from a header or a body field the client writes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tenant(pub String);
+
+/// Whether a covered request must carry an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KeyPolicy {
+    /// A covered request without a key is refused with 400 (the IETF draft's rule for an
+    /// operation documented as requiring the header). The default.
+    #[default]
+    Required,
+    /// A covered request without a key goes to the handler unprotected, as Stripe does.
+    Optional,
+}
+
+/// What the middleware does with a claimed request whose handler answered an error status and
+/// neither committed nor released the claim itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Failures {
+    /// Store every response, 4xx and 5xx included, and replay it to retries: Stripe's rule.
+    /// The handler ran and may have had side effects, so running it again is not safe unless
+    /// the handler says so: a handler that refuses a request before doing anything (a body
+    /// that fails validation) should [`release`](super::IdempotentRequest::release) the claim,
+    /// so the client can fix the request and retry with the same key. The default.
+    #[default]
+    Store,
+    /// Store 4xx responses; release the claim on 5xx so a retry runs the handler again. For
+    /// handlers whose server errors happen before any side effect.
+    ReleaseServerErrors,
+    /// Release the claim on every 4xx and 5xx so a retry runs the handler again (the
+    /// behaviour of libraries that delete the record when the handler raises).
+    ReleaseAll,
+}
+
+impl Failures {
+    /// Whether a response with this status is stored (otherwise the claim is released).
+    pub(crate) fn handling(self, status: StatusCode) -> Handling {
+        let release = match self {
+            Failures::Store => false,
+            Failures::ReleaseServerErrors => status.is_server_error(),
+            Failures::ReleaseAll => status.is_client_error() || status.is_server_error(),
+        };
+        if release {
+            Handling::Release
+        } else {
+            Handling::Store
+        }
+    }
+}
+
+/// What the middleware does with an unfinished claim after the handler answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handling {
+    Store,
+    Release,
+}
+
+/// Reads the tenant of a request; `None` means "not authenticated".
+type TenantFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+/// Names the operation of a request.
+type OperationFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
+
+/// Default largest request body buffered for fingerprinting.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+/// The layer's settings, shared by every service it builds.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key: KeyPolicy,
+    pub(crate) tenant: TenantFn,
+    pub(crate) operation: OperationFn,
+    pub(crate) max_body: usize,
+    pub(crate) wait: Duration,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) failures: Failures,
+}
+
+impl Settings {
+    pub(crate) fn covers(&self, method: &Method) -> bool {
+        self.methods.contains(method)
+    }
+}
+
+/// `POST` plus the route the router matched (`POST /charges/{id}`), or the request path when
+/// the layer runs outside routing.
+fn default_operation(parts: &Parts) -> String {
+    let route = parts
+        .extensions
+        .get::<MatchedPath>()
+        .map_or(parts.uri.path(), MatchedPath::as_str);
+    format!("{} {route}", parts.method)
+}
+
+fn default_tenant(parts: &Parts) -> Option<String> {
+    parts.extensions.get::<Tenant>().map(|t| t.0.clone())
+}
+
+/// A tower [`Layer`] that makes the requests it covers idempotent under their
+/// `Idempotency-Key`, backed by a [`Store`].
+///
+/// ```
+/// use axum::{Router, routing::post};
+/// use idemstore::http::{IdempotencyLayer, KeyPolicy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// let store = idemstore::Store::open(dir.path().join("idem"))?;
+/// let app: Router = Router::new()
+///     .route("/orders", post(|| async { "created" }))
+///     // route_layer: after routing, so the operation is the matched route ("POST /orders").
+///     .route_layer(IdempotencyLayer::new(store).key(KeyPolicy::Required));
+/// # Ok(())
+/// # }
+/// ```
+///
+/// Put the application's authentication (and rate limiting) *outside* this layer: a request
+/// they refuse never reaches the store. The authentication layer records the caller as a
+/// [`Tenant`] extension, or [`IdempotencyLayer::tenant_from`] says where else to find it.
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    store: Store,
+    settings: Arc<Settings>,
+}
+
+impl fmt::Debug for IdempotencyLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &s.methods)
+            .field("key", &s.key)
+            .field("max_body", &s.max_body)
+            .field("wait", &s.wait)
+            .field("replay_headers", &s.replay_headers)
+            .field("failures", &s.failures)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyLayer {
+    /// Covers `POST` requests; key required; tenant from the [`Tenant`] extension; operation
+    /// is the method and the matched route; bodies up to 1 MiB; no waiting on a request in
+    /// flight; replays carry `content-type` and `location`; failures stored ([`Failures`]).
+    pub fn new(store: Store) -> Self {
+        IdempotencyLayer {
+            store,
+            settings: Arc::new(Settings {
+                methods: vec![Method::POST],
+                key: KeyPolicy::Required,
+                tenant: Arc::new(default_tenant),
+                operation: Arc::new(default_operation),
+                max_body: DEFAULT_MAX_BODY,
+                wait: Duration::ZERO,
+                replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
+                failures: Failures::Store,
+            }),
+        }
+    }
+
+    fn settings(&mut self) -> &mut Settings {
+        Arc::make_mut(&mut self.settings)
+    }
+
+    /// The methods covered; other requests pass through untouched. `GET`, `PUT` and `DELETE`
+    /// are idempotent by definition and rarely need it; `POST` and `PATCH` do.
+    #[must_use]
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.settings().methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a covered request must carry a key.
+    #[must_use]
+    pub fn key(mut self, policy: KeyPolicy) -> Self {
+        self.settings().key = policy;
+        self
+    }
+
+    /// Where the tenant comes from. `None` answers 401: an unauthenticated request has no
+    /// scope to claim. Read it from what authentication produced (an extension), never from
+    /// something the client chose.
+    #[must_use]
+    pub fn tenant_from(
+        mut self,
+        tenant: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().tenant = Arc::new(tenant);
+        self
+    }
+
+    /// How a request's operation is named (at most 128 bytes). Two requests with the same key
+    /// but different operations are different scopes.
+    #[must_use]
+    pub fn operation_from(
+        mut self,
+        operation: impl Fn(&Parts) -> String + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().operation = Arc::new(operation);
+        self
+    }
+
+    /// Largest request body buffered to fingerprint; a larger one is refused with 413.
+    #[must_use]
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.settings().max_body = bytes;
+        self
+    }
+
+    /// How long a duplicate of a request in flight *in this process* waits for its outcome
+    /// before it is answered 409 (`Store::begin_or_wait`). Zero, the default, answers 409 at
+    /// once.
+    #[must_use]
+    pub fn wait(mut self, max_wait: Duration) -> Self {
+        self.settings().wait = max_wait;
+        self
+    }
+
+    /// Adds response headers the middleware stores and replays, besides `content-type` and
+    /// `location`. Headers not on the list are returned on the first response only: a replay
+    /// must not repeat per-response headers such as `set-cookie` or `date`.
+    #[must_use]
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let list = &mut self.settings().replay_headers;
+        for name in names {
+            if !list.contains(&name) {
+                list.push(name);
+            }
+        }
+        self
+    }
+
+    /// What is done with error responses the handler did not commit itself.
+    #[must_use]
+    pub fn failures(mut self, failures: Failures) -> Self {
+        self.settings().failures = failures;
+        self
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.store.clone(), self.settings.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_policy_decides_by_status_class() {
+        let cases = [
+            (
+                Failures::Store,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Handling::Store,
+            ),
+            (
+                Failures::ReleaseServerErrors,
+                StatusCode::BAD_GATEWAY,
+                Handling::Release,
+            ),
+            (
+                Failures::ReleaseServerErrors,
+                StatusCode::PAYMENT_REQUIRED,
+                Handling::Store,
+            ),
+            (
+                Failures::ReleaseAll,
+                StatusCode::PAYMENT_REQUIRED,
+                Handling::Release,
+            ),
+            (Failures::ReleaseAll, StatusCode::CREATED, Handling::Store),
+        ];
+        for (policy, status, expected) in cases {
+            assert_eq!(policy.handling(status), expected, "{policy:?} {status}");
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! The `Idempotency-Key` HTTP header as a tower/axum middleware (feature `http`).
+//!
+//! [`IdempotencyLayer`] follows the IETF httpapi draft "The Idempotency-Key HTTP Header Field"
+//! and Stripe's documented behaviour. For each covered request (by default `POST`):
+//!
+//! | request | answer |
+//! | --- | --- |
+//! | repeated, empty, over-long or malformed key; missing key where required | 400 problem |
+//! | no authenticated tenant | 401 problem |
+//! | body over the buffering limit | 413 problem |
+//! | new key | the handler runs; its response is stored with the key |
+//! | key of a completed request, same request | the stored response, `Idempotent-Replayed: true` |
+//! | key of a request in flight | 409 problem, `Retry-After` (or wait first: [`IdempotencyLayer::wait`]) |
+//! | key used for a different request | 422 problem |
+//! | key whose response expired but whose tombstone is kept | 410 problem |
+//! | the store cannot answer | 503 problem, `Retry-After` |
+//!
+//! The request is identified by tenant (from authentication), operation (method and matched
+//! route) and key; it is fingerprinted by method, path and query, and body (a JSON body in its
+//! RFC 8785 canonical form, so key order and whitespace do not matter).
+//!
+//! A handler that takes an [`IdempotentRequest`] commits its business writes and its response
+//! in one transaction; one that does not, has its response stored by the middleware. Problem
+//! bodies are `application/problem+json` (RFC 9457). The mapping to HTTP status codes lives in
+//! this module only: the core knows nothing of HTTP.
+
+mod convert;
+mod extract;
+mod jcs;
+mod key;
+mod layer;
+mod problem;
+mod request;
+mod service;
+
+pub use convert::IDEMPOTENT_REPLAYED;
+pub use extract::{Finish, HandlerError, IdempotentRequest, MissingClaim};
+pub use key::IDEMPOTENCY_KEY;
+pub use layer::{DEFAULT_MAX_BODY, Failures, IdempotencyLayer, KeyPolicy, Tenant};
+pub use service::IdempotencyService;

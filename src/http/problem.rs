@@ -1,0 +1,155 @@
+//! `application/problem+json` answers (RFC 9457) for the requests the middleware refuses.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderValue, Response, StatusCode, header};
+
+use crate::clock::Timestamp;
+
+/// A problem answer: `type` is a URN naming the case, `title` says what it is, `detail` what
+/// happened and what to do.
+pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Body> {
+    let body = serde_json::json!({
+        "type": format!("urn:idemstore:problem:{kind}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = Response::new(Body::from(body.to_string()));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// 409 for a key whose first request is still in flight, with `Retry-After` in whole seconds
+/// (the rest of the lease, rounded up, at least one).
+pub(crate) fn in_progress(retry_after: Duration) -> Response<Body> {
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    let mut response = problem(
+        StatusCode::CONFLICT,
+        "request-in-progress",
+        "A request with this Idempotency-Key is still in progress",
+        &format!(
+            "retry after {} seconds with the same key to get its outcome",
+            seconds.max(1)
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds.max(1)));
+    response
+}
+
+/// 400: the key header is missing, repeated, empty, too long or malformed, or the scope it
+/// makes is invalid.
+pub(crate) fn bad_key(detail: &str) -> Response<Body> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-idempotency-key",
+        "The Idempotency-Key header is missing or invalid",
+        detail,
+    )
+}
+
+/// 401: no tenant to scope the key to.
+pub(crate) fn no_tenant() -> Response<Body> {
+    problem(
+        StatusCode::UNAUTHORIZED,
+        "no-tenant",
+        "The request is not authenticated",
+        "idempotency keys are kept per caller and this request has none; authenticate and retry",
+    )
+}
+
+/// 413: the body is over the limit buffered for fingerprinting.
+pub(crate) fn body_too_large(limit: usize) -> Response<Body> {
+    problem(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "The request body is too large",
+        &format!("a request with an Idempotency-Key may have a body of at most {limit} bytes"),
+    )
+}
+
+/// 400: the client's body stream failed before it ended.
+pub(crate) fn unreadable_body(why: &str) -> Response<Body> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "unreadable-body",
+        "The request body could not be read",
+        &format!("reading the body failed ({why}); send the request again with the same key"),
+    )
+}
+
+/// 422: the key was used before for a different request.
+pub(crate) fn mismatch() -> Response<Body> {
+    problem(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reused",
+        "The Idempotency-Key was used for a different request",
+        "this key belongs to a request with another method, path or body; use a new key for a new request",
+    )
+}
+
+/// 410: the request completed so long ago that its response is no longer kept.
+pub(crate) fn expired(completed_at: Timestamp) -> Response<Body> {
+    problem(
+        StatusCode::GONE,
+        "idempotency-key-expired",
+        "The request with this Idempotency-Key completed and its response expired",
+        &format!(
+            "it completed at {completed_at} and must not run again; look its result up, or use a new key for a new request"
+        ),
+    )
+}
+
+/// 503: the store could not decide; nothing was claimed.
+pub(crate) fn store_unavailable(error: &dyn std::error::Error) -> Response<Body> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "idempotency-store-unavailable",
+        "The idempotency store is unavailable",
+        &format!("{error}; retry with the same key"),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// 500: the handler's response was larger than a stored response may be; the claim is left in
+/// progress, so a retry after the lease is a recovery.
+pub(crate) fn response_not_stored(limit: usize) -> Response<Body> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "response-not-stored",
+        "The response could not be stored for replay",
+        &format!(
+            "the response body is over the {limit} bytes kept for replays, or could not be read; the request's outcome is unknown: retry with the same key after its lease"
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_is_the_lease_left_rounded_up() {
+        let r = in_progress(Duration::from_millis(12_001));
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "13");
+        assert_eq!(
+            r.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(
+            in_progress(Duration::ZERO).headers()[header::RETRY_AFTER],
+            "1"
+        );
+    }
+}
