@@ -1,0 +1,217 @@
+//! `POST /charges`, `GET /charges/{id}` and `GET /stats`.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Extension, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idemstore::http::{IdempotentRequest, Tenant};
+use idemstore::redb::TableDefinition;
+use serde::{Deserialize, Serialize};
+
+use super::processor::Outcome;
+use super::{App, problem};
+
+/// `tenant/charge id` → the charge as JSON. Written in the same commit as the response.
+pub(crate) const CHARGES: TableDefinition<&str, &[u8]> = TableDefinition::new("charges");
+
+/// The request body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateCharge {
+    /// In minor units (cents).
+    amount: u64,
+    currency: String,
+    customer: String,
+}
+
+/// The charge as stored and answered.
+#[derive(Debug, Serialize, Deserialize)]
+struct Charge {
+    id: String,
+    amount: u64,
+    currency: String,
+    customer: String,
+    processor_charge: String,
+    /// Which attempt of the request completed it (2 or more: a recovery).
+    attempt: u32,
+}
+
+/// A validated command, or what is wrong with it (answered 400).
+fn validate(body: &[u8]) -> Result<CreateCharge, String> {
+    let command: CreateCharge = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "the body is not a charge: {e}; send {{\"amount\": 1900, \"currency\": \"eur\", \"customer\": \"cus_1\"}}"
+        )
+    })?;
+    let currency_ok =
+        command.currency.len() == 3 && command.currency.chars().all(|c| c.is_ascii_lowercase());
+    if command.amount == 0 || !currency_ok || command.customer.is_empty() {
+        return Err("amount must be a positive integer in minor units, currency three lowercase letters, customer non-empty".to_owned());
+    }
+    Ok(command)
+}
+
+/// Creates a charge once per `Idempotency-Key`, however often the client retries.
+pub(crate) async fn create(
+    State(app): State<App>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    idem: IdempotentRequest,
+    body: Bytes,
+) -> Response {
+    let command = match validate(&body) {
+        Ok(command) => command,
+        Err(why) => {
+            // Nothing happened: give the key up, so the client can fix the body and retry
+            // with the same key (Stripe stores no result for a request that failed validation).
+            if let Err(e) = idem.release().await {
+                return e.into_response();
+            }
+            return problem(StatusCode::BAD_REQUEST, "invalid-charge", &why);
+        }
+    };
+    if idem.attempt() > 1 {
+        tracing::info!(
+            key = idem.scope().key(),
+            attempt = idem.attempt(),
+            checkpoint = ?idem.last_checkpoint().map(|c| String::from_utf8_lossy(&c).into_owned()),
+            "recovering a request whose previous attempt did not finish"
+        );
+    }
+    // The processor deduplicates on this key, the same for every attempt: a recovery that asks
+    // again gets the first attempt's charge instead of making a second one.
+    let processor_key = idem.downstream_key().to_owned();
+    let outcome = app
+        .processor
+        .charge(
+            &processor_key,
+            command.amount,
+            &command.currency,
+            &command.customer,
+        )
+        .await;
+    if app.hooks.pause_after_charge {
+        // Test hook: the charge is made and nothing is committed; the test kills us here.
+        println!("PAUSED {}", idem.scope().key());
+        std::future::pending::<()>().await;
+    }
+    let processor_charge = match outcome {
+        Outcome::Charged(c) | Outcome::AlreadyCharged(c) => c,
+        Outcome::TimedOut => {
+            // The charge may or may not exist: leave the claim in progress. Retries get 409
+            // until the lease ends; the first after it recovers and asks the processor again.
+            if let Err(e) = idem.leave_in_progress() {
+                return e.into_response();
+            }
+            let mut answer = problem(
+                StatusCode::GATEWAY_TIMEOUT,
+                "processor-timeout",
+                "the payment processor did not answer; retry with the same Idempotency-Key after the Retry-After seconds",
+            )
+            .into_response();
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, app.lease.as_secs().max(1).into());
+            return answer;
+        }
+    };
+    let charge = Charge {
+        id: format!("ch_{}", &processor_key[..16]),
+        amount: command.amount,
+        currency: command.currency,
+        customer: command.customer,
+        processor_charge: processor_charge.id,
+        attempt: idem.attempt(),
+    };
+    let json = serde_json::to_vec(&charge).expect("a charge serializes");
+    let row = format!("{tenant}/{}", charge.id);
+    let location = format!("/charges/{}", charge.id);
+    // The charge row and the response: one transaction.
+    idem.commit(move |tx| {
+        tx.insert(&CHARGES, row.as_str(), json.as_slice())?;
+        Ok(idemstore::Response::new(201, json)
+            .with_header("content-type", "application/json")
+            .with_header("location", location))
+    })
+    .await
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A charge of the caller's, by id.
+pub(crate) async fn show(
+    State(app): State<App>,
+    Extension(Tenant(tenant)): Extension<Tenant>,
+    Path(id): Path<String>,
+) -> Response {
+    let store = app.store.clone();
+    let row = format!("{tenant}/{id}");
+    let found = tokio::task::spawn_blocking(move || -> Result<Option<Vec<u8>>, String> {
+        let charges = store
+            .read()
+            .map_err(|e| e.to_string())?
+            .open_table(CHARGES)
+            .map_err(|e| e.to_string())?;
+        let value = charges.get(row.as_str()).map_err(|e| e.to_string())?;
+        Ok(value.map(|v| v.value().to_vec()))
+    })
+    .await
+    .map_err(|e| e.to_string())
+    .and_then(|r| r);
+    match found {
+        Ok(Some(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Ok(None) => problem(
+            StatusCode::NOT_FOUND,
+            "no-such-charge",
+            &format!("no charge {id} for this account"),
+        )
+        .into_response(),
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", &e).into_response(),
+    }
+}
+
+/// The store's stats and the processor's side-effect count.
+pub(crate) async fn stats(State(app): State<App>) -> Response {
+    let store = app.store.clone();
+    let stats = match tokio::task::spawn_blocking(move || store.stats()).await {
+        Ok(Ok(stats)) => stats,
+        Ok(Err(e)) => {
+            return problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                &e.to_string(),
+            )
+            .into_response();
+        }
+        Err(e) => {
+            return problem(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "stats-failed",
+                &e.to_string(),
+            )
+            .into_response();
+        }
+    };
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    Json(serde_json::json!({
+        "processor": { "side_effects": app.processor.side_effects() },
+        "store": {
+            "in_progress": stats.in_progress,
+            "completed": stats.completed,
+            "tombstones": stats.tombstones,
+            "oldest_in_progress_secs": secs(stats.oldest_in_progress),
+            "since_checkpoint_secs": secs(stats.since_checkpoint),
+            "log_bytes_since_checkpoint": stats.log_bytes_since_checkpoint,
+            "claims": stats.claims,
+            "recoveries": stats.recoveries,
+            "replays": stats.replays,
+            "in_progress_answers": stats.in_progress_answers,
+            "mismatches": stats.mismatches,
+            "stale_rejections": stats.stale_rejections,
+            "groups_committed": stats.groups_committed,
+            "writer_requests": stats.writer_requests,
+        },
+    }))
+    .into_response()
+}

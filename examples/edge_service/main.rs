@@ -1,0 +1,190 @@
+//! An edge service that takes payments safely under retries: the README's main command.
+//!
+//! `cargo run --release --example edge_service` serves on 127.0.0.1:3000 with its data in
+//! `./idemstore-data` (the store in `edge_service/`, the simulated processor's ledger beside
+//! it). `POST /charges` calls a payment processor that sometimes times out, then commits the
+//! charge row and the response in one transaction; retries with the same `Idempotency-Key`
+//! are replayed, refused or answered 409, never charged twice. See the README for curl.
+//!
+//! Settings (flag or environment variable):
+//!
+//! | flag | env | default |
+//! | --- | --- | --- |
+//! | `--addr` | `EDGE_ADDR` | `127.0.0.1:3000` |
+//! | `--data` | `EDGE_DATA` | `./idemstore-data` |
+//! | `--timeout-rate` | `EDGE_TIMEOUT_RATE` | `0.1` (share of processor calls whose answer is lost) |
+//! | `--latency-ms` | `EDGE_LATENCY_MS` | `50` (processor round trip) |
+//! | `--lease-secs` | `EDGE_LEASE_SECS` | `30` |
+//! | `--wait-ms` | `EDGE_WAIT_MS` | `0` (how long a duplicate waits for the first before 409) |
+//! | `--tokens` | `EDGE_TOKENS` | `sk_test_alice=acct_alice,sk_test_bob=acct_bob` |
+//!
+//! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
+//! a manual clock advanced by `POST /_test/clock?advance_secs=N`; `EDGE_PAUSE_AFTER_CHARGE=1`
+//! makes `POST /charges` print `PAUSED <key>` and hang after the processor call.
+
+mod auth;
+mod charges;
+mod processor;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::extract::{Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router, middleware};
+use idemstore::http::{IdempotencyLayer, KeyPolicy};
+use idemstore::{Clock, ManualClock, Store, SystemClock};
+
+use processor::Processor;
+
+/// Test hooks (off unless set).
+#[derive(Debug, Clone, Default)]
+struct Hooks {
+    manual_clock: Option<ManualClock>,
+    pause_after_charge: bool,
+}
+
+/// What the handlers share.
+#[derive(Clone)]
+struct App {
+    store: Store,
+    processor: Processor,
+    lease: Duration,
+    hooks: Hooks,
+}
+
+/// A problem+json answer.
+fn problem(status: StatusCode, kind: &str, detail: &str) -> Response {
+    let body = serde_json::json!({
+        "type": format!("urn:edge-service:problem:{kind}"),
+        "title": status.canonical_reason().unwrap_or("error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    response
+}
+
+/// `--name value` from the command line, else `ENV`, else the default.
+fn setting(args: &[String], flag: &str, env: &str, default: &str) -> String {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1).cloned())
+        .or_else(|| std::env::var(env).ok())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+fn parsed<T: std::str::FromStr>(
+    args: &[String],
+    flag: &str,
+    env: &str,
+    default: &str,
+) -> Result<T, String> {
+    let text = setting(args, flag, env, default);
+    text.parse()
+        .map_err(|_| format!("{flag} / {env}: `{text}` is not a valid value"))
+}
+
+#[derive(serde::Deserialize)]
+struct Advance {
+    advance_secs: u64,
+}
+
+/// Test hook: moves the store's manual clock forward.
+async fn advance_clock(State(app): State<App>, Query(q): Query<Advance>) -> Response {
+    match &app.hooks.manual_clock {
+        Some(clock) => {
+            clock.advance(Duration::from_secs(q.advance_secs));
+            Json(serde_json::json!({ "now_ms": clock.now().as_millis() })).into_response()
+        }
+        None => problem(
+            StatusCode::NOT_FOUND,
+            "no-manual-clock",
+            "start with EDGE_MANUAL_CLOCK=1",
+        ),
+    }
+}
+
+fn router(app: App, tokens: auth::Tokens, wait: Duration) -> Router {
+    let idempotency = IdempotencyLayer::new(app.store.clone())
+        .key(KeyPolicy::Required)
+        .max_body(16 * 1024)
+        .wait(wait);
+    let api = Router::new()
+        .route("/charges", post(charges::create))
+        .route("/charges/{id}", get(charges::show))
+        // After routing: the operation is "POST /charges", whatever the path's ids.
+        .route_layer(idempotency)
+        // Outside: a request it refuses never reaches the store.
+        .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
+    Router::new()
+        .merge(api)
+        .route("/stats", get(charges::stats))
+        .route("/_test/clock", post(advance_clock))
+        .with_state(app)
+}
+
+#[tokio::main]
+pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let args: Vec<String> = std::env::args().collect();
+    let addr: SocketAddr = parsed(&args, "--addr", "EDGE_ADDR", "127.0.0.1:3000")?;
+    let data = PathBuf::from(setting(&args, "--data", "EDGE_DATA", "idemstore-data"));
+    let timeout_rate: f64 = parsed(&args, "--timeout-rate", "EDGE_TIMEOUT_RATE", "0.1")?;
+    let latency: u64 = parsed(&args, "--latency-ms", "EDGE_LATENCY_MS", "50")?;
+    let lease = Duration::from_secs(parsed(&args, "--lease-secs", "EDGE_LEASE_SECS", "30")?);
+    let wait = Duration::from_millis(parsed(&args, "--wait-ms", "EDGE_WAIT_MS", "0")?);
+    let tokens = auth::parse_tokens(&setting(
+        &args,
+        "--tokens",
+        "EDGE_TOKENS",
+        "sk_test_alice=acct_alice,sk_test_bob=acct_bob",
+    ))?;
+    let hooks = Hooks {
+        manual_clock: (std::env::var("EDGE_MANUAL_CLOCK").as_deref() == Ok("1"))
+            .then(|| ManualClock::new(SystemClock.now())),
+        pause_after_charge: std::env::var("EDGE_PAUSE_AFTER_CHARGE").as_deref() == Ok("1"),
+    };
+
+    std::fs::create_dir_all(&data)?;
+    let mut builder = Store::builder().table(charges::CHARGES).lease(lease);
+    if let Some(clock) = &hooks.manual_clock {
+        builder = builder.clock(clock.clone());
+    }
+    let store = builder.open(data.join("edge_service"))?;
+    let replayed = store.recovery_report().frames_replayed;
+    let processor = Processor::open(
+        &data.join("processor-ledger.jsonl"),
+        timeout_rate,
+        Duration::from_millis(latency),
+    )?;
+    let app = App {
+        store: store.clone(),
+        processor,
+        lease,
+        hooks,
+    };
+
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    println!(
+        "data in {} ({replayed} log frames replayed at open)",
+        data.display()
+    );
+    axum::serve(listener, router(app, tokens, wait))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

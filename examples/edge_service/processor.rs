@@ -1,0 +1,139 @@
+//! A simulated payment processor: the downstream system whose side effects must happen once.
+//!
+//! It deduplicates on the idempotency key it is given (as real processors do), keeps every
+//! charge in a ledger file that survives restarts, counts its side effects, and sometimes
+//! "times out": it makes the charge but its answer is lost, so the caller cannot know.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// One charge the processor made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ProcessorCharge {
+    pub(crate) id: String,
+    pub(crate) key: String,
+    pub(crate) amount: u64,
+    pub(crate) currency: String,
+    pub(crate) customer: String,
+}
+
+/// What a charge request came to.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// A new charge: one side effect.
+    Charged(ProcessorCharge),
+    /// The key was charged before (an earlier attempt): no new side effect.
+    AlreadyCharged(ProcessorCharge),
+    /// The charge was made but the answer was lost on the way back.
+    TimedOut,
+}
+
+struct Ledger {
+    file: File,
+    by_key: HashMap<String, ProcessorCharge>,
+    rng: u64,
+}
+
+/// The processor; cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Processor {
+    ledger: Arc<Mutex<Ledger>>,
+    timeout_rate: f64,
+    latency: Duration,
+}
+
+impl Processor {
+    /// Opens (or creates) the ledger at `path`.
+    pub(crate) fn open(
+        path: &Path,
+        timeout_rate: f64,
+        latency: Duration,
+    ) -> std::io::Result<Processor> {
+        let mut by_key = HashMap::new();
+        if let Ok(file) = File::open(path) {
+            for line in BufReader::new(file).lines() {
+                let line = line?;
+                // A torn last line (a crash mid-append) is not a charge the caller ever saw.
+                if let Ok(charge) = serde_json::from_str::<ProcessorCharge>(&line) {
+                    by_key.insert(charge.key.clone(), charge);
+                }
+            }
+        }
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64 | 1);
+        Ok(Processor {
+            ledger: Arc::new(Mutex::new(Ledger {
+                file,
+                by_key,
+                rng: seed,
+            })),
+            timeout_rate,
+            latency,
+        })
+    }
+
+    /// Charges `amount` once per `key`.
+    pub(crate) async fn charge(
+        &self,
+        key: &str,
+        amount: u64,
+        currency: &str,
+        customer: &str,
+    ) -> Outcome {
+        tokio::time::sleep(self.latency).await; // the network round trip
+        let (ledger, rate) = (self.ledger.clone(), self.timeout_rate);
+        let charge = ProcessorCharge {
+            id: String::new(),
+            key: key.to_owned(),
+            amount,
+            currency: currency.to_owned(),
+            customer: customer.to_owned(),
+        };
+        // The ledger append is synced: a blocking call, kept off the runtime's workers.
+        tokio::task::spawn_blocking(move || {
+            let mut ledger = ledger.lock().expect("ledger lock");
+            if let Some(existing) = ledger.by_key.get(&charge.key) {
+                return Outcome::AlreadyCharged(existing.clone());
+            }
+            let charge = ProcessorCharge {
+                id: format!("py_{:06}", ledger.by_key.len() + 1),
+                ..charge
+            };
+            let mut line = serde_json::to_vec(&charge).expect("a charge serializes");
+            line.push(b'\n');
+            ledger.file.write_all(&line).expect("ledger append");
+            ledger.file.sync_data().expect("ledger sync");
+            ledger.by_key.insert(charge.key.clone(), charge.clone());
+            if ledger.roll() < rate {
+                Outcome::TimedOut
+            } else {
+                Outcome::Charged(charge)
+            }
+        })
+        .await
+        .expect("the ledger task does not panic")
+    }
+
+    /// Charges made since the ledger was created: the side effects that happened.
+    pub(crate) fn side_effects(&self) -> u64 {
+        self.ledger.lock().expect("ledger lock").by_key.len() as u64
+    }
+}
+
+impl Ledger {
+    /// A number in [0, 1) (xorshift; the example needs no better).
+    fn roll(&mut self) -> f64 {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

@@ -1,0 +1,427 @@
+//! The edge service example over real HTTP on loopback, as a child process: duplicates,
+//! conflicting reuse, bad requests, tenants, and a SIGKILL between the processor call and the
+//! commit, recovered by the next process without a second charge.
+//!
+//! The child is this test binary re-executed to run only [`service_process`], which runs the
+//! example's `main`: the example's code, in a process the test can kill, without a cargo build
+//! from inside a test. Lease expiry is driven by the service's manual clock (a test hook);
+//! nothing sleeps.
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/edge_service/main.rs"]
+mod edge_service;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const ALICE: &str = "Bearer sk_test_alice";
+const BOB: &str = "Bearer sk_test_bob";
+/// How long a child may take to print an expected line (a cold start on a loaded CI machine).
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Not a test: the service process the tests start (see the module docs).
+#[test]
+#[ignore = "the service process started by the other tests"]
+fn service_process() {
+    if std::env::var_os("EDGE_SERVICE_CHILD").is_some() {
+        edge_service::main().expect("the service runs");
+    }
+}
+
+/// A running service: the child, its address, and its stdout lines.
+struct Service {
+    child: Child,
+    base: String,
+    lines: Mutex<Receiver<String>>,
+    agent: ureq::Agent,
+}
+
+impl Service {
+    /// Starts the service on an ephemeral port with its data in `data`.
+    fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args([
+                "service_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("EDGE_SERVICE_CHILD", "1")
+            .env("EDGE_ADDR", "127.0.0.1:0")
+            .env("EDGE_DATA", data)
+            .env("EDGE_TIMEOUT_RATE", "0")
+            .env("EDGE_LATENCY_MS", "20")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (send, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut service = Service {
+            child,
+            base: String::new(),
+            lines: Mutex::new(lines),
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into(),
+        };
+        let listening = service.line_starting("listening on ")?;
+        service.base = listening["listening on ".len()..].to_owned();
+        Ok(service)
+    }
+
+    /// Waits for the child to print `prefix`; answers the line from there on.
+    fn line_starting(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = self
+                .lines
+                .lock()
+                .map_err(|_| "poisoned")?
+                .recv_timeout(left);
+            match next {
+                // The harness's "test service_process ... " may share the first line.
+                Ok(line) if line.contains(prefix) => {
+                    let at = line.find(prefix).unwrap_or(0);
+                    return Ok(line[at..].to_owned());
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return Err(format!("no `{prefix}` line").into()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the service exited before printing `{prefix}`").into());
+                }
+            }
+        }
+    }
+
+    fn charge(&self, auth: &str, key: Option<&str>, body: &str) -> Result<Answer, ureq::Error> {
+        charge_at(&self.agent, &self.base, auth, key, body)
+    }
+
+    fn get(&self, path: &str, auth: &str) -> Result<Answer, ureq::Error> {
+        Answer::from(
+            self.agent
+                .get(format!("{}{path}", self.base))
+                .header("authorization", auth)
+                .call()?,
+        )
+    }
+
+    fn stats(&self) -> Result<Value, Box<dyn std::error::Error>> {
+        Ok(serde_json::from_str(&self.get("/stats", ALICE)?.body)?)
+    }
+
+    fn advance_clock(&self, seconds: u64) -> Result<(), ureq::Error> {
+        let url = format!("{}/_test/clock?advance_secs={seconds}", self.base);
+        let answer = Answer::from(self.agent.post(url).send_empty()?)?;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        Ok(())
+    }
+
+    /// SIGKILL: no destructor, no flush, no goodbye.
+    fn kill(mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `POST /charges` on the service at `base`.
+fn charge_at(
+    agent: &ureq::Agent,
+    base: &str,
+    auth: &str,
+    key: Option<&str>,
+    body: &str,
+) -> Result<Answer, ureq::Error> {
+    let mut request = agent
+        .post(format!("{base}/charges"))
+        .header("authorization", auth)
+        .content_type("application/json");
+    if let Some(key) = key {
+        request = request.header("idempotency-key", key);
+    }
+    Answer::from(request.send(body)?)
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    retry_after: Option<u64>,
+    content_type: String,
+    body: String,
+}
+
+impl Answer {
+    fn from(mut response: ureq::http::Response<ureq::Body>) -> Result<Answer, ureq::Error> {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header("idempotent-replayed").as_deref() == Some("true");
+        let retry_after = header("retry-after").and_then(|v| v.parse().ok());
+        let content_type = header("content-type").unwrap_or_default();
+        Ok(Answer {
+            status: response.status().as_u16(),
+            replayed,
+            retry_after,
+            content_type,
+            body: response.body_mut().read_to_string()?,
+        })
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+fn charge_body(amount: u64) -> String {
+    json!({"amount": amount, "currency": "eur", "customer": "cus_42"}).to_string()
+}
+
+#[test]
+fn fifty_concurrent_identical_posts_charge_once() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let service = Arc::new(Service::start(dir.path(), &[("EDGE_LATENCY_MS", "100")])?);
+    let barrier = Arc::new(Barrier::new(50));
+    let threads: Vec<_> = (0..50)
+        .map(|_| {
+            let (service, barrier) = (service.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                service.charge(ALICE, Some("order-7-attempt"), &charge_body(1900))
+            })
+        })
+        .collect();
+    let (mut created, mut replayed, mut in_progress) = (Vec::new(), 0, 0);
+    for thread in threads {
+        let answer = thread.join().map_err(|_| "a client thread panicked")??;
+        match (answer.status, answer.replayed) {
+            (201, false) => created.push(answer.json()),
+            (201, true) => replayed += 1,
+            (409, false) => {
+                assert!(
+                    answer.retry_after.is_some_and(|s| s >= 1),
+                    "409 carries Retry-After"
+                );
+                in_progress += 1;
+            }
+            (status, _) => panic!("unexpected {status}: {}", answer.body),
+        }
+    }
+    assert_eq!(created.len(), 1, "exactly one request ran");
+    assert_eq!(replayed + in_progress, 49);
+    let stats = service.stats()?;
+    assert_eq!(stats["processor"]["side_effects"], 1, "{stats}");
+    assert_eq!(stats["store"]["claims"], 1, "{stats}");
+
+    // A retry after all of them is a replay of the one charge.
+    let retry = service.charge(ALICE, Some("order-7-attempt"), &charge_body(1900))?;
+    assert!(retry.replayed);
+    assert_eq!(retry.json(), created[0]);
+    Ok(())
+}
+
+#[test]
+fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let service = Service::start(dir.path(), &[])?;
+
+    let first = service.charge(ALICE, Some("k-1"), &charge_body(1900))?;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let id = first.json()["id"].as_str().ok_or("an id")?.to_owned();
+
+    // A body that fails validation is refused and its key released: fixed, it can run.
+    let invalid = service.charge(ALICE, Some("k-fix"), r#"{"amount": 0, "currency": "eur"}"#)?;
+    assert_eq!(
+        (invalid.status, invalid.content_type.as_str()),
+        (400, "application/problem+json")
+    );
+    let fixed = service.charge(ALICE, Some("k-fix"), &charge_body(300))?;
+    assert_eq!(
+        (fixed.status, fixed.replayed),
+        (201, false),
+        "{}",
+        fixed.body
+    );
+
+    let changed = service.charge(ALICE, Some("k-1"), &charge_body(2500))?;
+    assert_eq!(
+        (changed.status, changed.content_type.as_str()),
+        (422, "application/problem+json")
+    );
+
+    let missing = service.charge(ALICE, None, &charge_body(1900))?;
+    assert_eq!(
+        (missing.status, missing.content_type.as_str()),
+        (400, "application/problem+json")
+    );
+
+    let huge = json!({"amount": 1, "currency": "eur", "customer": "x".repeat(20_000)}).to_string();
+    let oversized = service.charge(ALICE, Some("k-big"), &huge)?;
+    assert_eq!(
+        (oversized.status, oversized.content_type.as_str()),
+        (413, "application/problem+json")
+    );
+
+    let twice = service
+        .agent
+        .post(format!("{}/charges", service.base))
+        .header("authorization", ALICE)
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "b")
+        .content_type("application/json")
+        .send(charge_body(1900))?;
+    assert_eq!(Answer::from(twice)?.status, 400);
+
+    // Bob's "k-1" is his own: a second charge, invisible to Alice.
+    let bobs = service.charge(BOB, Some("k-1"), &charge_body(1900))?;
+    assert_eq!((bobs.status, bobs.replayed), (201, false));
+    let bobs_id = bobs.json()["id"].as_str().ok_or("an id")?.to_owned();
+    assert_ne!(bobs_id, id);
+    assert_eq!(
+        service.get(&format!("/charges/{id}"), ALICE)?.json(),
+        first.json()
+    );
+    assert_eq!(
+        service.get(&format!("/charges/{bobs_id}"), ALICE)?.status,
+        404
+    );
+
+    // Refused by authentication: never reaches the store.
+    let claims_before = service.stats()?["store"]["claims"].clone();
+    let stranger = service.charge("Bearer nobody", Some("k-2"), &charge_body(1900))?;
+    assert_eq!(stranger.status, 401);
+    let stats = service.stats()?;
+    assert_eq!(stats["store"]["claims"], claims_before);
+    assert_eq!(stats["processor"]["side_effects"], 3, "{stats}");
+    Ok(())
+}
+
+/// SIGKILL after the processor charged and before the commit; a new process on the same
+/// directory answers 409 within the lease, then recovers (attempt 2) without charging again.
+#[test]
+fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_charge() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let hooks = [("EDGE_MANUAL_CLOCK", "1"), ("EDGE_LEASE_SECS", "30")];
+    let doomed = Service::start(
+        dir.path(),
+        &[hooks[0], hooks[1], ("EDGE_PAUSE_AFTER_CHARGE", "1")],
+    )?;
+    let client = std::thread::spawn({
+        let (agent, base) = (doomed.agent.clone(), doomed.base.clone());
+        move || charge_at(&agent, &base, ALICE, Some("k-crash"), &charge_body(1900)).is_ok()
+    });
+    doomed.line_starting("PAUSED k-crash")?;
+    doomed.kill()?;
+    assert!(
+        !client.join().map_err(|_| "the client panicked")?,
+        "the request died with the process"
+    );
+
+    let service = Service::start(dir.path(), &hooks)?;
+    assert_eq!(
+        service.stats()?["processor"]["side_effects"],
+        1,
+        "the charge happened"
+    );
+    let early = service.charge(ALICE, Some("k-crash"), &charge_body(1900))?;
+    assert_eq!(early.status, 409, "{}", early.body);
+    assert!(early.retry_after.is_some_and(|s| (1..=30).contains(&s)));
+
+    service.advance_clock(31)?;
+    let recovered = service.charge(ALICE, Some("k-crash"), &charge_body(1900))?;
+    assert_eq!(
+        (recovered.status, recovered.replayed),
+        (201, false),
+        "{}",
+        recovered.body
+    );
+    assert_eq!(
+        recovered.json()["attempt"],
+        2,
+        "the handler saw the recovery"
+    );
+    assert_eq!(
+        recovered.json()["processor_charge"],
+        "py_000001",
+        "the first attempt's charge"
+    );
+    let stats = service.stats()?;
+    assert_eq!(
+        stats["processor"]["side_effects"], 1,
+        "not charged twice: {stats}"
+    );
+    assert_eq!(stats["store"]["recoveries"], 1, "{stats}");
+    assert!(
+        service
+            .charge(ALICE, Some("k-crash"), &charge_body(1900))?
+            .replayed
+    );
+    Ok(())
+}
+
+/// A processor timeout leaves the claim in progress (the outcome is unknown): 504, then 409
+/// within the lease, then a recovery that finds the charge the timed-out call made.
+#[test]
+fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let service = Service::start(
+        dir.path(),
+        &[
+            ("EDGE_MANUAL_CLOCK", "1"),
+            ("EDGE_LEASE_SECS", "30"),
+            ("EDGE_TIMEOUT_RATE", "1"),
+        ],
+    )?;
+    let timed_out = service.charge(ALICE, Some("k-slow"), &charge_body(700))?;
+    assert_eq!(
+        (timed_out.status, timed_out.retry_after),
+        (504, Some(30)),
+        "{}",
+        timed_out.body
+    );
+    assert_eq!(
+        service
+            .charge(ALICE, Some("k-slow"), &charge_body(700))?
+            .status,
+        409
+    );
+    service.advance_clock(31)?;
+    let recovered = service.charge(ALICE, Some("k-slow"), &charge_body(700))?;
+    assert_eq!(recovered.status, 201, "{}", recovered.body);
+    assert_eq!(recovered.json()["attempt"], 2);
+    assert_eq!(service.stats()?["processor"]["side_effects"], 1);
+    Ok(())
+}
