@@ -228,6 +228,32 @@ impl Store {
     ) -> Result<ReadPath, BeginError> {
         let now = self.engine.config().clock.now();
         let existing = self.engine.read_record(scope)?;
+        Ok(self.path_for(existing, fingerprint, now))
+    }
+
+    /// [`Store::read_path`] if it can run without waiting for a compaction to finish.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_read_path(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Option<Result<ReadPath, BeginError>> {
+        let now = self.engine.config().clock.now();
+        let existing = self.engine.try_read_record(scope)?;
+        Some(
+            existing
+                .map(|existing| self.path_for(existing, fingerprint, now))
+                .map_err(BeginError::from),
+        )
+    }
+
+    /// What `begin` answers from the record it read, or that the writer must decide.
+    fn path_for(
+        &self,
+        existing: Option<Record>,
+        fingerprint: Fingerprint,
+        now: Timestamp,
+    ) -> ReadPath {
         match decide(
             existing.as_ref(),
             &fingerprint,
@@ -236,21 +262,21 @@ impl Store {
         ) {
             Decision::Replay => {
                 if let Some(RecordState::Completed { response, .. }) = existing.map(|r| r.state) {
-                    return Ok(ReadPath::Answered(Begin::Replay(response)));
+                    return ReadPath::Answered(Begin::Replay(response));
                 }
             }
             Decision::InProgress { retry_after } => {
-                return Ok(ReadPath::Answered(Begin::InProgress { retry_after }));
+                return ReadPath::Answered(Begin::InProgress { retry_after });
             }
-            Decision::Mismatch => return Ok(ReadPath::Answered(Begin::Mismatch)),
+            Decision::Mismatch => return ReadPath::Answered(Begin::Mismatch),
             Decision::Expired { completed_at } => {
-                return Ok(ReadPath::Answered(Begin::Expired { completed_at }));
+                return ReadPath::Answered(Begin::Expired { completed_at });
             }
             // Writes: the writer decides again inside its transaction, where racing claims
             // for the same scope are serialised and exactly one wins.
             Decision::Claim | Decision::TakeOver => {}
         }
-        Ok(ReadPath::Writer)
+        ReadPath::Writer
     }
 
     /// `begin`'s answer from the writer, with a claim bound to this store.

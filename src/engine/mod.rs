@@ -309,28 +309,65 @@ impl Engine {
     /// group not yet published wrote it, else from a redb read transaction.
     pub(crate) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         self.poison.check()?;
-        let decode = |bytes: &[u8]| {
-            Record::decode(bytes)
-                .map(Some)
-                .map_err(|source| StoreError::CorruptRecord {
-                    scope: scope.to_string(),
-                    source,
-                })
-        };
         // The overlay first, then redb: the writer publishes (commits) before it clears the
         // overlay, so a record missing here is in any snapshot begun after this lookup.
-        match self.overlay.lookup(scope.encode()) {
-            Overlaid::Put(bytes) => return decode(&bytes),
-            Overlaid::Deleted => return Ok(None),
-            Overlaid::Absent => {}
+        if let Some(found) = self.overlaid(scope) {
+            return found;
         }
-        let txn = self.db.read().begin_read()?;
-        let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
-        let Some(bytes) = table.get(scope.encode())? else {
-            return Ok(None);
-        };
-        decode(bytes.value())
+        record_in(&self.db.read(), scope)
     }
+
+    /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
+    /// exclusively (by a compaction). For async callers, whose runtime worker must not wait
+    /// that long; a read of cached pages takes microseconds.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn try_read_record(
+        &self,
+        scope: &Scope,
+    ) -> Option<Result<Option<Record>, StoreError>> {
+        if let Err(e) = self.poison.check() {
+            return Some(Err(e));
+        }
+        if let Some(found) = self.overlaid(scope) {
+            return Some(found);
+        }
+        let db = self.db.try_read()?;
+        Some(record_in(&db, scope))
+    }
+
+    /// Holds the file as a compaction does, for tests of what waits on it.
+    #[cfg(all(test, feature = "tokio"))]
+    pub(crate) fn hold_exclusively(&self) -> parking_lot::RwLockWriteGuard<'_, Database> {
+        self.db.write()
+    }
+
+    /// The scope's record as a durable group not yet published left it, if one did.
+    fn overlaid(&self, scope: &Scope) -> Option<Result<Option<Record>, StoreError>> {
+        match self.overlay.lookup(scope.encode()) {
+            Overlaid::Put(bytes) => Some(decode_record(scope, &bytes)),
+            Overlaid::Deleted => Some(Ok(None)),
+            Overlaid::Absent => None,
+        }
+    }
+}
+
+/// The scope's record in redb's published state.
+fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
+    let txn = db.begin_read()?;
+    let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
+    match table.get(scope.encode())? {
+        Some(bytes) => decode_record(scope, bytes.value()),
+        None => Ok(None),
+    }
+}
+
+fn decode_record(scope: &Scope, bytes: &[u8]) -> Result<Option<Record>, StoreError> {
+    Record::decode(bytes)
+        .map(Some)
+        .map_err(|source| StoreError::CorruptRecord {
+            scope: scope.to_string(),
+            source,
+        })
 }
 
 /// Replays the log past `checkpoint` into redb, then makes redb durable with quick-repair and
