@@ -82,7 +82,11 @@ impl Store {
         fingerprint: Fingerprint,
         max_wait: Duration,
     ) -> Result<Begin, BeginError> {
-        let deadline = tokio::time::Instant::now() + max_wait;
+        // `Duration::MAX` means "as long as it takes": cap it where the sum would overflow.
+        let start = tokio::time::Instant::now();
+        let deadline = start
+            .checked_add(max_wait)
+            .unwrap_or(start + crate::store::MAX_WAIT);
         loop {
             let watch = self.engine().watchers().watch(scope.encode());
             let slot = watch.slot.clone();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The longest `begin_or_wait` waits when asked for more than the clock can represent.
-const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 use crate::builder::Builder;
 use crate::claim::{Begin, Claim};

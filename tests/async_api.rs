@@ -123,6 +123,30 @@ async fn an_async_waiter_times_out_into_in_progress_without_real_waiting() -> Te
     Ok(())
 }
 
+/// `Duration::MAX` is "as long as it takes", not an overflow: the wait is capped.
+#[tokio::test(start_paused = true)]
+async fn an_async_wait_of_duration_max_does_not_overflow() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = builder(&clock()).open(dir.path().join("idem"))?;
+    let answer = store
+        .begin_or_wait_async(&scope("new"), fp("req"), Duration::MAX)
+        .await?;
+    assert!(matches!(answer, Begin::Claimed(_)), "{answer:?}");
+    let Begin::Claimed(_holder) = store.begin_async(&scope("k"), fp("req")).await? else {
+        return Err("expected Claimed".into());
+    };
+    let started = tokio::time::Instant::now();
+    let answer = store
+        .begin_or_wait_async(&scope("k"), fp("req"), Duration::MAX)
+        .await?;
+    assert!(matches!(answer, Begin::InProgress { .. }), "{answer:?}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(300 * 24 * 3600),
+        "capped at a year"
+    );
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_async_operation_keeps_the_blocking_apis_rules() -> TestResult {
     let dir = tempfile::tempdir()?;
