@@ -6,24 +6,103 @@
 //! One deliberate difference: an integer that fits 64 bits is written with all its digits, where
 //! RFC 8785 would round one outside ±2^53 to the nearest double; two different amounts in minor
 //! units never share a fingerprint. Larger numbers and fractions follow the RFC (nearest double).
+//!
+//! RFC 8785 takes I-JSON (RFC 7493) as input, which forbids an object naming a member twice.
+//! serde_json would keep the last of the two silently, so `{"amount":1,"amount":900}` and
+//! `{"amount":900}` would canonicalize alike; here such a body has no canonical form and is
+//! fingerprinted by its bytes instead.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
-use serde_json::{Number, Value};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Number, Value};
 
-/// The canonical form of `json`, or `None` if it is not valid JSON.
+/// The canonical form of `json`, or `None` if it is not I-JSON (not JSON, a member named twice,
+/// a number that cannot be read as a double).
 pub(crate) fn canonical(json: &[u8]) -> Option<Vec<u8>> {
-    let value: Value = serde_json::from_slice(json).ok()?;
+    let Strict(value) = serde_json::from_slice(json).ok()?;
     let mut out = String::with_capacity(json.len());
-    write_value(&mut out, &value);
+    write_value(&mut out, &value).ok()?;
     Some(out.into_bytes())
 }
 
-fn write_value(out: &mut String, value: &Value) {
+/// A number with no double value: serde_json's `arbitrary_precision` (enabled by another crate
+/// through feature unification) keeps numbers as text, and one out of range has no double.
+struct NotCanonical;
+
+/// A JSON value parsed with duplicate member names refused.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value whose objects name each member once")
+    }
+
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> Result<Value, E> {
+        Ok(Value::Number(i.into()))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> Result<Value, E> {
+        Ok(Value::Number(u.into()))
+    }
+
+    fn visit_f64<E: de::Error>(self, f: f64) -> Result<Value, E> {
+        Number::from_f64(f)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom("a number that is not finite"))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(item)) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut members = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            let Strict(member) = map.next_value()?;
+            if members.insert(name, member).is_some() {
+                return Err(de::Error::custom("an object names a member twice"));
+            }
+        }
+        Ok(Value::Object(members))
+    }
+}
+
+fn write_value(out: &mut String, value: &Value) -> Result<(), NotCanonical> {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => write_number(out, n),
+        Value::Number(n) => write_number(out, n)?,
         Value::String(s) => write_string(out, s),
         Value::Array(items) => {
             out.push('[');
@@ -31,7 +110,7 @@ fn write_value(out: &mut String, value: &Value) {
                 if i > 0 {
                     out.push(',');
                 }
-                write_value(out, item);
+                write_value(out, item)?;
             }
             out.push(']');
         }
@@ -45,11 +124,12 @@ fn write_value(out: &mut String, value: &Value) {
                 }
                 write_string(out, name);
                 out.push(':');
-                write_value(out, member);
+                write_value(out, member)?;
             }
             out.push('}');
         }
     }
+    Ok(())
 }
 
 fn write_string(out: &mut String, s: &str) {
@@ -72,14 +152,15 @@ fn write_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn write_number(out: &mut String, n: &Number) {
+fn write_number(out: &mut String, n: &Number) -> Result<(), NotCanonical> {
     if let Some(i) = n.as_i64() {
         let _ = write!(out, "{i}");
     } else if let Some(u) = n.as_u64() {
         let _ = write!(out, "{u}");
-    } else if let Some(f) = n.as_f64() {
-        write_double(out, f);
+    } else {
+        write_double(out, n.as_f64().ok_or(NotCanonical)?);
     }
+    Ok(())
 }
 
 /// ECMAScript's Number::toString for a finite double.
@@ -175,5 +256,22 @@ mod tests {
             "{\"\u{10000}\":1,\"\u{e000}\":2}"
         );
         assert_eq!(canonical(b"{not json"), None);
+    }
+
+    #[test]
+    fn a_member_named_twice_has_no_canonical_form() {
+        assert_eq!(canonical(br#"{"amount":1,"amount":900}"#), None);
+        assert_eq!(canonical(br#"[{"a":{"b":1,"b":1}}]"#), None);
+        // The same name in different objects is fine.
+        assert_eq!(
+            canon(r#"{"a":{"b":1},"b":{"b":2}}"#),
+            r#"{"a":{"b":1},"b":{"b":2}}"#
+        );
+        // Out of the double range: no canonical form (serde_json refuses it).
+        assert_eq!(canonical(b"1e400"), None);
+        assert_eq!(
+            canon("[null,true,false,-7,\"s\"]"),
+            "[null,true,false,-7,\"s\"]"
+        );
     }
 }
