@@ -385,6 +385,16 @@ async fn error_responses_are_stored_by_default_and_released_when_configured() ->
         "4xx still stored"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+
+    let release_all = Router::new()
+        .route("/orders", failing(&runs))
+        .route_layer(IdempotencyLayer::new(store.clone()).failures(Failures::ReleaseAll));
+    for _ in 0..2 {
+        let answer = send(&release_all, r("a", "?status=402")).await?;
+        assert_eq!(answer.status, StatusCode::PAYMENT_REQUIRED);
+        assert!(!answer.replayed(), "4xx released too: the retry runs again");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
     Ok(())
 }
 
@@ -409,6 +419,7 @@ async fn a_handler_commits_its_rows_and_response_in_one_transaction() -> TestRes
     let first = send(&app, post_req("k", BODY)).await?;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(first.body.starts_with("order-"));
+    assert!(!first.replayed(), "the first answer is not a replay");
     let writes_after_first = store.stats()?.writer_requests;
     assert_eq!(
         writes_after_first, 2,
@@ -718,9 +729,10 @@ async fn tenants_and_operations_scope_the_same_key_apart() -> TestResult {
     Ok(())
 }
 
-/// A response the handler returns as the extractor's HTTP answer is exactly what replays get.
+/// A response the middleware stores keeps its status and every value of a repeated
+/// allow-listed header, in order.
 #[tokio::test]
-async fn response_helpers_round_trip_statuses_and_repeated_headers() -> TestResult {
+async fn stored_responses_keep_their_status_and_repeated_headers() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = store(&dir, &clock())?;
     let handler = post(|| async {
@@ -734,13 +746,276 @@ async fn response_helpers_round_trip_statuses_and_repeated_headers() -> TestResu
     let app = Router::new()
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()).replay_headers([header::LINK]));
-    send(&app, post_req("k", BODY)).await?;
+    let first = send(&app, post_req("k", BODY)).await?;
+    assert!(!first.replayed());
     let replay = send(&app, post_req("k", BODY)).await?;
     assert_eq!(
-        (replay.status, replay.body.as_str()),
-        (StatusCode::ACCEPTED, "accepted")
+        (replay.status, replay.body.as_str(), replay.replayed()),
+        (StatusCode::ACCEPTED, "accepted", true)
     );
     let links: Vec<_> = replay.headers.get_all(header::LINK).iter().collect();
     assert_eq!(links, ["</a>; rel=a", "</b>; rel=b"]);
+    Ok(())
+}
+
+/// A handler whose commit fails (its closure errs or panics) after a side effect, and which
+/// returns the `HandlerError`: the claim is left in progress whatever the failures policy,
+/// never stored as a final 500 nor released. The recovery (attempt 2) finds the side effect
+/// by its downstream key and does not repeat it.
+#[tokio::test]
+async fn a_handler_error_leaves_the_claim_in_progress_for_a_recovery() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = store(&dir, &clock)?;
+    // A downstream API that deduplicates by key, counting its side effects.
+    let charged = Arc::new(parking_lot::Mutex::new(std::collections::HashSet::new()));
+    let handler = {
+        let charged = charged.clone();
+        post(move |idem: IdempotentRequest, request: Request| {
+            let charged = charged.clone();
+            async move {
+                charged.lock().insert(idem.downstream_key().to_owned());
+                let (attempt, fail) = (idem.attempt(), request.uri().query().map(str::to_owned));
+                let row = idem.scope().key().to_owned();
+                idem.commit(move |tx| {
+                    tx.insert(&ORDERS, row.as_str(), "charged")?;
+                    match (attempt, fail.as_deref()) {
+                        (1, Some("err")) => Err("the ledger refused the row".into()),
+                        (1, Some("panic")) => panic!("the commit closure crashed"),
+                        _ => Ok(idemstore::Response::new(201, format!("attempt {attempt}"))),
+                    }
+                })
+                .await
+                .into_response()
+            }
+        })
+    };
+    let cases = [
+        ("e", "?err", Failures::Store),
+        ("p", "?panic", Failures::Store),
+        ("r", "?err", Failures::ReleaseAll),
+    ];
+    let app = |failures| {
+        Router::new()
+            .route("/orders", handler.clone())
+            .route_layer(IdempotencyLayer::new(store.clone()).failures(failures))
+    };
+    let send_case = |key: &'static str, query: &'static str, failures| {
+        let app = app(failures);
+        async move {
+            let uri = format!("/orders{query}");
+            send(&app, request(Method::POST, &uri, Some(key), BODY)).await
+        }
+    };
+
+    for (key, query, failures) in cases {
+        let failed = send_case(key, query, failures).await?;
+        assert_eq!(failed.status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+        assert_eq!(
+            failed.problem_type(),
+            "urn:idemstore:problem:idempotent-handler-failed"
+        );
+        assert!(
+            failed.body.contains("outcome is unknown"),
+            "{}",
+            failed.body
+        );
+        let retry = send_case(key, query, failures).await?;
+        assert_eq!(
+            (retry.status, retry.replayed()),
+            (StatusCode::CONFLICT, false),
+            "{key}: in progress, not stored and not released: {}",
+            retry.body
+        );
+    }
+    assert_eq!(order_count(&store)?, 0, "the failed commits wrote nothing");
+
+    clock.advance(LEASE + Duration::from_secs(1));
+    for (key, query, failures) in cases {
+        let recovered = send_case(key, query, failures).await?;
+        assert_eq!(
+            (
+                recovered.status,
+                recovered.body.as_str(),
+                recovered.replayed()
+            ),
+            (StatusCode::CREATED, "attempt 2", false),
+            "{key}"
+        );
+        assert!(send_case(key, query, failures).await?.replayed());
+    }
+    assert_eq!(charged.lock().len(), 3, "one side effect per key");
+    assert_eq!(order_count(&store)?, 3);
+    let stats = store.stats()?;
+    assert_eq!((stats.claims, stats.recoveries), (3, 3));
+    Ok(())
+}
+
+/// A response the store cannot hold (a body over `max_response_bytes`, or headers that take it
+/// over) is replaced by a stored 500 problem: the handler ran, so retries, even after the
+/// lease, get that answer and never run it again.
+#[tokio::test]
+async fn a_response_too_large_to_store_is_replaced_by_a_stored_500() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = builder(&clock)
+        .max_response_bytes(1024)
+        .open(dir.path().join("idem"))?;
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let runs = runs.clone();
+        post(move |request: Request| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            let mut response = Response::new(Body::from("x".repeat(2000)));
+            if request.uri().query() == Some("headers") {
+                response = Response::new(Body::from("small"));
+                for i in 0..20 {
+                    let value = format!("{i:0>100}");
+                    response
+                        .headers_mut()
+                        .append("x-tag", HeaderValue::from_str(&value).expect("a value"));
+                }
+            }
+            *response.status_mut() = StatusCode::CREATED;
+            response
+        })
+    };
+    let app = Router::new().route("/orders", handler).route_layer(
+        IdempotencyLayer::new(store.clone()).replay_headers([HeaderName::from_static("x-tag")]),
+    );
+    for (key, uri) in [("body", "/orders"), ("headers", "/orders?headers")] {
+        let r = || request(Method::POST, uri, Some(key), BODY);
+        let first = send(&app, r()).await?;
+        assert_eq!(first.status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+        assert_eq!(
+            first.problem_type(),
+            "urn:idemstore:problem:response-not-stored"
+        );
+        assert!(!first.replayed());
+        let retry = send(&app, r()).await?;
+        assert_eq!(
+            (retry.status, retry.replayed(), retry.body.as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, true, first.body.as_str()),
+            "{key}"
+        );
+    }
+    clock.advance(LEASE * 2);
+    assert!(send(&app, post_req("body", BODY)).await?.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each handler ran once");
+    let stats = store.stats()?;
+    assert_eq!((stats.claims, stats.replays), (2, 3));
+    Ok(())
+}
+
+/// A duplicate that waits for the first request gives up after `wait` and is answered 409 with
+/// the rest of the lease; `Duration::MAX` waits without overflowing. Time is paused.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_duplicate_gives_up_after_its_wait_with_409() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = store(&dir, &clock())?;
+    let go = Arc::new(tokio::sync::Notify::new());
+    let runs = Arc::new(AtomicU32::new(0));
+    let handler = {
+        let (go, runs) = (go.clone(), runs.clone());
+        post(move || async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            go.notified().await;
+            (StatusCode::CREATED, "done")
+        })
+    };
+    let app = Router::new()
+        .route("/orders", handler.clone())
+        .route_layer(IdempotencyLayer::new(store.clone()).wait(Duration::from_secs(5)));
+
+    let first = tokio::spawn(send_owned(app.clone(), post_req("k", BODY)));
+    while runs.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let started = tokio::time::Instant::now();
+    let second = send(&app, post_req("k", BODY)).await?;
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "it waited first"
+    );
+    assert_eq!(second.status, StatusCode::CONFLICT);
+    assert_eq!(
+        second.headers[header::RETRY_AFTER],
+        LEASE.as_secs().to_string().as_str(),
+        "the store's clock did not move: the whole lease is left"
+    );
+    go.notify_one();
+    assert_eq!(first.await??.status, StatusCode::CREATED);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let forever = Router::new()
+        .route("/orders", handler)
+        .route_layer(IdempotencyLayer::new(store.clone()).wait(Duration::MAX));
+    assert!(send(&forever, post_req("k", BODY)).await?.replayed());
+    Ok(())
+}
+
+/// A `Content-Length` over the limit is refused before a byte of the body is read (this body
+/// would never end) and before the store is asked.
+#[tokio::test]
+async fn a_declared_length_over_the_limit_is_refused_without_reading() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = store(&dir, &clock())?;
+    let runs = Arc::new(AtomicU32::new(0));
+    let app = Router::new()
+        .route("/orders", counted(&runs))
+        .route_layer(IdempotencyLayer::new(store.clone()).max_body(1024));
+    let (_sender, endless) = http_body_util::channel::Channel::<axum::body::Bytes>::new(1);
+    let mut request = Request::builder()
+        .method(Method::POST)
+        .uri("/orders")
+        .header("idempotency-key", "k")
+        .header(header::CONTENT_LENGTH, "1025")
+        .body(Body::new(endless))?;
+    request.extensions_mut().insert(Tenant("acct_a".into()));
+    let answer = tokio::time::timeout(Duration::from_secs(60), send(&app, request)).await??;
+    assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        answer.problem_type(),
+        "urn:idemstore:problem:body-too-large"
+    );
+    assert_eq!((runs.load(Ordering::SeqCst), store.stats()?.claims), (0, 0));
+    Ok(())
+}
+
+/// A bare key with a comma is a list of two keys (RFC 9110), refused like two headers; a
+/// quoted key may hold a comma. An operation too long to scope a key is the request's fault
+/// (400), a tenant the store refuses is the service's (500); neither touches the store.
+#[tokio::test]
+async fn lists_of_keys_and_invalid_scope_parts_are_refused_by_whose_fault_they_are() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = store(&dir, &clock())?;
+    let runs = Arc::new(AtomicU32::new(0));
+    let app = Router::new()
+        .fallback(counted(&runs))
+        .layer(IdempotencyLayer::new(store.clone()));
+    for list in ["a, b", "\"a\", \"b\""] {
+        let answer = send(&app, post_req(list, BODY)).await?;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{list}");
+        assert!(answer.body.contains("more than one"), "{}", answer.body);
+    }
+    let long_path = format!("/orders/{}", "p".repeat(200));
+    let answer = send(&app, request(Method::POST, &long_path, Some("k"), BODY)).await?;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        answer.problem_type(),
+        "urn:idemstore:problem:invalid-operation"
+    );
+    let mut bad_tenant = post_req("k", BODY);
+    bad_tenant.extensions_mut().insert(Tenant(String::new()));
+    let answer = send(&app, bad_tenant).await?;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        answer.problem_type(),
+        "urn:idemstore:problem:invalid-tenant"
+    );
+    assert_eq!((runs.load(Ordering::SeqCst), store.stats()?.claims), (0, 0));
+
+    let quoted = send(&app, post_req("\"a, b\"", BODY)).await?;
+    assert_eq!(quoted.status, StatusCode::CREATED);
     Ok(())
 }

@@ -303,7 +303,15 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
         .header("idempotency-key", "b")
         .content_type("application/json")
         .send(charge_body(1900))?;
-    assert_eq!(Answer::from(twice)?.status, 400);
+    let twice = Answer::from(twice)?;
+    assert_eq!(
+        (twice.status, twice.content_type.as_str()),
+        (400, "application/problem+json")
+    );
+    assert_eq!(
+        twice.json()["type"],
+        "urn:idemstore:problem:invalid-idempotency-key"
+    );
 
     // Bob's "k-1" is his own: a second charge, invisible to Alice.
     let bobs = service.charge(BOB, Some("k-1"), &charge_body(1900))?;
@@ -323,6 +331,11 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     let claims_before = service.stats()?["store"]["claims"].clone();
     let stranger = service.charge("Bearer nobody", Some("k-2"), &charge_body(1900))?;
     assert_eq!(stranger.status, 401);
+    assert_eq!(
+        stranger.json()["type"],
+        "urn:edge-service:problem:unauthenticated",
+        "refused by the service's authentication, outside the idempotency layer"
+    );
     let stats = service.stats()?;
     assert_eq!(stats["store"]["claims"], claims_before);
     assert_eq!(stats["processor"]["side_effects"], 3, "{stats}");

@@ -42,6 +42,19 @@ pub enum ScopeError {
     },
 }
 
+impl ScopeError {
+    /// The part the error is about (`None` for bytes that are not an encoded scope), so that a
+    /// caller can tell a client's bad key from its own bad tenant or operation.
+    pub fn part(&self) -> Option<ScopePart> {
+        match self {
+            ScopeError::Empty { part }
+            | ScopeError::TooLong { part, .. }
+            | ScopeError::ForbiddenCharacter { part, .. } => Some(*part),
+            ScopeError::Malformed { .. } => None,
+        }
+    }
+}
+
 /// A fingerprint could not be made or read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

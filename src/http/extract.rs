@@ -55,6 +55,12 @@ impl fmt::Display for Finish {
     }
 }
 
+/// Set on the response of a [`HandlerError`]: the handler's operation failed with its outcome
+/// unknown to the middleware (it may have called a payment processor before its commit
+/// failed), so the claim is left in progress rather than stored as a final answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaveInProgress;
+
 /// What the middleware finds after the handler returned.
 pub(crate) enum AfterHandler {
     /// The handler did not finish the claim: the middleware stores the response (or releases).
@@ -277,6 +283,14 @@ impl IdempotentRequest {
 }
 
 /// Why an [`IdempotentRequest`] operation did not happen.
+///
+/// Returned as the handler's response (its `IntoResponse`, or `?` in a handler returning
+/// `Result<_, HandlerError>`), it tells the middleware to leave a claim the handler still
+/// holds **in progress**, whatever the [`Failures`](super::Failures) policy: the handler may
+/// have had side effects before the operation failed, so neither storing a 500 for good nor
+/// releasing the key is safe. Retries get 409 until the lease ends; the next is a recovery.
+/// A handler that knows better (nothing happened yet) releases the claim itself, and a
+/// business refusal belongs in the commit closure's `Ok` response (a 4xx), not in its `Err`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandlerError {
@@ -319,12 +333,16 @@ impl IntoResponse for HandlerError {
                 "idempotent-handler-failed",
             ),
         };
-        problem(
-            status,
-            kind,
-            "The request could not be completed",
-            &self.to_string(),
-        )
+        let detail = match &self {
+            // Misuse of the claim: the claim's own state is whatever finished it.
+            HandlerError::Finished(_) | HandlerError::Busy => self.to_string(),
+            _ => format!(
+                "{self}; the request's outcome is unknown: retry with the same key once the claim's lease ends, and the retry finds it out"
+            ),
+        };
+        let mut response = problem(status, kind, "The request could not be completed", &detail);
+        response.extensions_mut().insert(LeaveInProgress);
+        response
     }
 }
 

@@ -28,7 +28,7 @@ pub(crate) enum KeyProblem {
 impl KeyProblem {
     pub(crate) fn detail(&self) -> String {
         match self {
-            KeyProblem::Repeated => "the request has more than one Idempotency-Key header; send exactly one".into(),
+            KeyProblem::Repeated => "the request has more than one Idempotency-Key (two headers, or a comma-separated list); send exactly one".into(),
             KeyProblem::Empty => "the Idempotency-Key header is empty; send a unique key per operation (a UUID works)".into(),
             KeyProblem::TooLong(n) => format!("the Idempotency-Key is {n} characters, over the limit of {MAX_KEY}"),
             KeyProblem::Malformed(why) => format!("the Idempotency-Key header is malformed: {why}"),
@@ -52,6 +52,11 @@ pub(crate) fn read_key(headers: &HeaderMap) -> Result<KeyHeader, KeyProblem> {
     let key = match text.strip_prefix('"') {
         Some(quoted) => parse_sf_string(quoted)?,
         None => {
+            // A comma makes a header a list (RFC 9110, section 5.3): `a, b` is two keys, the
+            // same as two headers. A key that holds a comma can be sent quoted.
+            if text.contains(',') {
+                return Err(KeyProblem::Repeated);
+            }
             if text.contains('"') {
                 return Err(KeyProblem::Malformed("a stray quote"));
             }
@@ -94,6 +99,9 @@ fn parse_sf_string(rest: &str) -> Result<String, KeyProblem> {
         }
     }
     let after: String = chars.collect();
+    if after.trim_start_matches([' ', '\t']).starts_with(',') {
+        return Err(KeyProblem::Repeated);
+    }
     if !after.is_empty() && !after.starts_with(';') {
         return Err(KeyProblem::Malformed("text after the quoted string"));
     }
@@ -130,11 +138,18 @@ mod tests {
             Ok(KeyHeader::Present("a \"b\\ c".into()))
         );
         assert_eq!(key(&["\"k\";v=1"]), Ok(KeyHeader::Present("k".into())));
+        // A comma inside a quoted key is part of the key.
+        assert_eq!(key(&["\"a,b\""]), Ok(KeyHeader::Present("a,b".into())));
     }
 
     #[test]
     fn refuses_what_the_draft_refuses() {
         assert_eq!(key(&["a", "b"]), Err(KeyProblem::Repeated));
+        // A list in one header is two keys, as two headers are.
+        assert_eq!(key(&["a, b"]), Err(KeyProblem::Repeated));
+        assert_eq!(key(&["a,b"]), Err(KeyProblem::Repeated));
+        assert_eq!(key(&["\"a\", \"b\""]), Err(KeyProblem::Repeated));
+        assert_eq!(key(&["\"a\",\"b\""]), Err(KeyProblem::Repeated));
         assert_eq!(key(&[""]), Err(KeyProblem::Empty));
         assert_eq!(key(&["\"\""]), Err(KeyProblem::Empty));
         assert_eq!(key(&[&"k".repeat(256)]), Err(KeyProblem::TooLong(256)));

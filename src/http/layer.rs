@@ -200,7 +200,8 @@ impl IdempotencyLayer {
 
     /// Where the tenant comes from. `None` answers 401: an unauthenticated request has no
     /// scope to claim. Read it from what authentication produced (an extension), never from
-    /// something the client chose.
+    /// something the client chose. A tenant that is not a valid scope part (empty, over 128
+    /// bytes, a control character) answers 500 `invalid-tenant`: the service's fault.
     #[must_use]
     pub fn tenant_from(
         mut self,
@@ -210,8 +211,9 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How a request's operation is named (at most 128 bytes). Two requests with the same key
-    /// but different operations are different scopes.
+    /// How a request's operation is named (at most 128 bytes; a longer one answers 400
+    /// `invalid-operation`). Two requests with the same key but different operations are
+    /// different scopes.
     #[must_use]
     pub fn operation_from(
         mut self,

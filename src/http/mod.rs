@@ -5,10 +5,13 @@
 //!
 //! | request | answer |
 //! | --- | --- |
-//! | repeated, empty, over-long or malformed key; missing key where required | 400 problem |
+//! | repeated (two headers or a list), empty, over-long or malformed key; missing key where required | 400 problem |
+//! | an operation name (method and path) too long to scope a key | 400 problem |
 //! | no authenticated tenant | 401 problem |
 //! | body over the buffering limit | 413 problem |
 //! | new key | the handler runs; its response is stored with the key |
+//! | new key, and the handler fails with a [`HandlerError`], panics, or is cancelled | the claim is left in progress: its outcome is unknown |
+//! | new key, and the handler's response is too large to store | a fixed 500 problem is stored in its place |
 //! | key of a completed request, same request | the stored response, `Idempotent-Replayed: true` |
 //! | key of a request in flight | 409 problem, `Retry-After` (or wait first: [`IdempotencyLayer::wait`]) |
 //! | key used for a different request | 422 problem |

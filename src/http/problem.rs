@@ -10,19 +10,24 @@ use crate::clock::Timestamp;
 /// A problem answer: `type` is a URN naming the case, `title` says what it is, `detail` what
 /// happened and what to do.
 pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str) -> Response<Body> {
-    let body = serde_json::json!({
+    let mut response = Response::new(Body::from(problem_body(status, kind, title, detail)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    response
+}
+
+const PROBLEM_JSON: &str = "application/problem+json";
+
+fn problem_body(status: StatusCode, kind: &str, title: &str, detail: &str) -> String {
+    serde_json::json!({
         "type": format!("urn:idemstore:problem:{kind}"),
         "title": title,
         "status": status.as_u16(),
         "detail": detail,
-    });
-    let mut response = Response::new(Body::from(body.to_string()));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    response
+    })
+    .to_string()
 }
 
 /// 409 for a key whose first request is still in flight, with `Retry-After` in whole seconds
@@ -52,6 +57,27 @@ pub(crate) fn bad_key(detail: &str) -> Response<Body> {
         "invalid-idempotency-key",
         "The Idempotency-Key header is missing or invalid",
         detail,
+    )
+}
+
+/// 400: the request's operation (by default its method and route, or its path when the layer
+/// runs outside routing) is not a valid scope part: too long, most likely.
+pub(crate) fn invalid_operation(detail: &str) -> Response<Body> {
+    problem(
+        StatusCode::BAD_REQUEST,
+        "invalid-operation",
+        "The request cannot be made idempotent",
+        &format!("its operation, named from its method and path, is not valid: {detail}"),
+    )
+}
+
+/// 500: the tenant the authentication layer produced is not a valid scope part.
+pub(crate) fn invalid_tenant() -> Response<Body> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "invalid-tenant",
+        "The service could not scope the Idempotency-Key to the caller",
+        "the caller's identity is not usable as an idempotency scope (the service logged why); nothing was run, retrying will not help until the service is fixed",
     )
 }
 
@@ -121,17 +147,21 @@ pub(crate) fn store_unavailable(error: &dyn std::error::Error) -> Response<Body>
     response
 }
 
-/// 500: the handler's response was larger than a stored response may be; the claim is left in
-/// progress, so a retry after the lease is a recovery.
-pub(crate) fn response_not_stored(limit: usize) -> Response<Body> {
-    problem(
-        StatusCode::INTERNAL_SERVER_ERROR,
+/// The 500 stored in place of a handler's response that cannot be stored (over the store's
+/// size limits, or a body that failed while it was read): the handler ran, so a retry must get
+/// a fixed answer rather than run it again.
+pub(crate) fn response_not_stored(limit: usize) -> crate::response::Response {
+    let status = StatusCode::INTERNAL_SERVER_ERROR;
+    let body = problem_body(
+        status,
         "response-not-stored",
-        "The response could not be stored for replay",
+        "The request ran but its response could not be kept",
         &format!(
-            "the response body is over the {limit} bytes kept for replays, or could not be read; the request's outcome is unknown: retry with the same key after its lease"
+            "the handler's response is over the {limit} bytes a stored response may hold (body and headers), or its body failed while it was read; this answer is kept in its place, so a retry with the same key gets it and does not run the request again. Look the result up another way; the service's operator can raise the store's max_response_bytes"
         ),
-    )
+    );
+    crate::response::Response::new(status.as_u16(), body.into_bytes())
+        .with_header(header::CONTENT_TYPE.as_str(), PROBLEM_JSON)
 }
 
 #[cfg(test)]

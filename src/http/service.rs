@@ -13,14 +13,14 @@ use http_body_util::{BodyExt, Limited};
 use tower::Service;
 
 use super::convert::{self, Delivery};
-use super::extract::{AfterHandler, IdempotentRequest};
+use super::extract::{AfterHandler, IdempotentRequest, LeaveInProgress};
 use super::key::{KeyHeader, read_key};
 use super::layer::{Handling, KeyPolicy, Settings};
 use super::problem;
 use super::request::{self, BodyProblem};
 use crate::claim::{Begin, Claim};
-use crate::error::BoxError;
-use crate::scope::Scope;
+use crate::error::{BoxError, CommitError};
+use crate::scope::{Scope, ScopePart};
 use crate::store::Store;
 
 /// The [`IdempotencyLayer`](super::IdempotencyLayer)'s service around an inner service.
@@ -111,7 +111,15 @@ fn admit(settings: &Settings, parts: &axum::http::request::Parts) -> Admission {
     let operation = (settings.operation)(parts);
     match Scope::new(tenant, operation, key) {
         Ok(scope) => Admission::Covered(scope),
-        Err(e) => Admission::Refused(problem::bad_key(&e.to_string())),
+        Err(e) => Admission::Refused(match e.part() {
+            Some(ScopePart::Tenant) => {
+                // What the authentication layer produced: the service's fault, not the client's.
+                tracing::error!(error = %e, "the tenant read from the request is not a valid scope part");
+                problem::invalid_tenant()
+            }
+            Some(ScopePart::Operation) => problem::invalid_operation(&e.to_string()),
+            Some(ScopePart::Key) | None => problem::bad_key(&e.to_string()),
+        }),
     }
 }
 
@@ -165,6 +173,15 @@ where
     let response = inner.call(request).await?;
     match handle.after_handler() {
         AfterHandler::Finished => Ok(response.map(Body::new)),
+        AfterHandler::Unfinished(claim)
+            if response.extensions().get::<LeaveInProgress>().is_some() =>
+        {
+            // The handler returned a `HandlerError`: its outcome is unknown, so the claim is
+            // neither stored nor released; the next attempt after the lease is a recovery.
+            tracing::warn!(scope = %claim.scope(), status = %response.status(), "the handler failed with its outcome unknown; the claim is left in progress");
+            drop(claim);
+            Ok(response.map(Body::new))
+        }
         AfterHandler::Unfinished(claim) => Ok(finish(&store, &settings, claim, response).await),
     }
 }
@@ -192,10 +209,8 @@ where
     let bytes = match Limited::new(body, limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
-            // Dropping the claim leaves it in progress: what the handler did is unknown.
-            tracing::error!(scope = %claim.scope(), error = %e, limit, "the handler's response was not stored");
-            drop(claim);
-            return problem::response_not_stored(limit);
+            tracing::error!(scope = %claim.scope(), error = %e, limit, "the handler's response cannot be stored; a fixed 500 is stored in its place");
+            return store_in_place(claim, problem::response_not_stored(limit)).await;
         }
     };
     let stored = convert::to_stored(
@@ -205,12 +220,32 @@ where
         &bytes,
     );
     let scope = claim.scope().clone();
-    if let Err(e) = claim.commit_async(move |_tx| Ok(stored)).await {
-        // The handler's work is done but its response is not recorded: the claim is left in
-        // progress (or another attempt holds it), and a retry after the lease is a recovery.
-        // The client still gets the answer the handler gave.
-        tracing::error!(error = %e, %scope, "the handler's response was not stored");
-        drop(e.into_claim());
+    match claim.commit_async(move |_tx| Ok(stored)).await {
+        Ok(_) => {}
+        Err(CommitError::InvalidResponse { source, claim }) => {
+            // Within the body limit, but its headers make it too large (or too many).
+            tracing::error!(%scope, error = %source, "the handler's response cannot be stored; a fixed 500 is stored in its place");
+            return store_in_place(*claim, problem::response_not_stored(limit)).await;
+        }
+        Err(e) => {
+            // The handler's work is done but its response is not recorded: the claim is left
+            // in progress (or another attempt holds it), and a retry after the lease is a
+            // recovery. The client still gets the answer the handler gave.
+            tracing::error!(error = %e, %scope, "the handler's response was not stored");
+            drop(e.into_claim());
+        }
     }
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// Stores `answer` in place of a handler's response that cannot be stored, and answers it: the
+/// handler ran, so retries get this fixed answer instead of running it again. If even that
+/// fails, the claim is left in progress (a retry after the lease is a recovery).
+async fn store_in_place(claim: Claim, answer: crate::response::Response) -> Response<Body> {
+    let first = convert::to_http(&answer, Delivery::First);
+    if let Err(e) = claim.commit_async(move |_tx| Ok(answer)).await {
+        tracing::error!(error = %e, "the answer in place of the handler's response was not stored either");
+        drop(e.into_claim());
+    }
+    first
 }
