@@ -1,7 +1,8 @@
 //! The async API (feature `tokio`): every blocking operation as an async fn that never blocks a
 //! runtime worker for long. The writer answers through a oneshot channel. `begin`'s read runs
 //! inline (a read transaction on cached pages takes microseconds, a hop to the blocking pool
-//! about twenty), or on the blocking pool while a compaction holds the file. Waiting in
+//! about twenty), or on the blocking pool while a compaction holds the file. The price: a read
+//! of pages not in the OS cache blocks its worker for one disk read. Waiting in
 //! `begin_or_wait_async` is on a `tokio::sync::Notify`, bounded by `tokio::time`, so tests can
 //! pause time.
 //!
