@@ -55,21 +55,28 @@ const QUEUE_PER_BATCH: usize = 4;
 /// checkpoint makes them durable together).
 const REPLAY_FRAMES_PER_TXN: u64 = 4096;
 
-#[derive(Debug)]
-pub(crate) struct Engine {
+/// What the engine's handle and its writer thread both hold.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
     /// Read-locked only for the instant a transaction begins; write-locked by the writer
     /// for compaction, which needs the database to itself.
-    db: Arc<RwLock<Database>>,
-    registry: Arc<Registry>,
-    tables: InternalTables,
-    config: Arc<Config>,
-    poison: Arc<Poison>,
-    counters: Arc<Counters>,
-    overlay: Arc<Overlay>,
+    pub(crate) db: Arc<RwLock<Database>>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) tables: InternalTables,
+    pub(crate) config: Arc<Config>,
+    pub(crate) poison: Arc<Poison>,
+    pub(crate) counters: Arc<Counters>,
+    /// Records acknowledged but not yet published to redb.
+    pub(crate) overlay: Arc<Overlay>,
+    /// Claims held and callers waiting, per scope, in this process.
+    pub(crate) watchers: Arc<watchers::Watchers>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Engine {
+    shared: Shared,
     storage: Storage,
     recovery: RecoveryReport,
-    /// Claims held and callers waiting, per scope, in this process.
-    watchers: Arc<watchers::Watchers>,
     /// The background sweeper, once started (it needs the engine's `Arc`).
     sweeper: parking_lot::Mutex<Option<sweeper::Sweeper>>,
     /// `None` only while dropping: closing it is what stops the writer.
@@ -125,24 +132,7 @@ impl Engine {
             None => None,
         };
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
-        let writer = Writer::new(
-            db.clone(),
-            registry.clone(),
-            tables,
-            config.clone(),
-            poison.clone(),
-            counters.clone(),
-            overlay.clone(),
-            watchers.clone(),
-            next_fence,
-            receiver,
-            log_thread,
-        );
-        let handle = std::thread::Builder::new()
-            .name("idemstore-writer".into())
-            .spawn(move || writer.run())
-            .map_err(OpenError::Thread)?;
-        Ok(Engine {
+        let shared = Shared {
             db,
             registry,
             tables,
@@ -150,9 +140,17 @@ impl Engine {
             poison,
             counters,
             overlay,
+            watchers,
+        };
+        let writer = Writer::new(shared.clone(), next_fence, receiver, log_thread);
+        let handle = std::thread::Builder::new()
+            .name("idemstore-writer".into())
+            .spawn(move || writer.run())
+            .map_err(OpenError::Thread)?;
+        Ok(Engine {
+            shared,
             storage,
             recovery,
-            watchers,
             sweeper: parking_lot::Mutex::new(None),
             queue: Some(queue),
             writer_id: handle.thread().id(),
@@ -162,7 +160,7 @@ impl Engine {
 
     /// Starts the sweeper, if the settings ask for one.
     pub(crate) fn start_sweeper(self: &Arc<Self>) -> Result<(), OpenError> {
-        if let crate::config::Sweep::Every { interval, batch } = self.config.sweep {
+        if let crate::config::Sweep::Every { interval, batch } = self.shared.config.sweep {
             let sweeper = sweeper::Sweeper::start(Arc::downgrade(self), interval, batch)
                 .map_err(OpenError::Thread)?;
             *self.sweeper.lock() = Some(sweeper);
@@ -171,19 +169,19 @@ impl Engine {
     }
 
     pub(crate) fn watchers(&self) -> &watchers::Watchers {
-        &self.watchers
+        &self.shared.watchers
     }
 
     pub(crate) fn config(&self) -> &Config {
-        &self.config
+        &self.shared.config
     }
 
     pub(crate) fn registry(&self) -> &Registry {
-        &self.registry
+        &self.shared.registry
     }
 
     pub(crate) fn tables(&self) -> InternalTables {
-        self.tables
+        self.shared.tables
     }
 
     pub(crate) fn recovery(&self) -> &RecoveryReport {
@@ -207,9 +205,9 @@ impl Engine {
     /// counts what it removed.
     pub(crate) fn evict(&self, limit: usize) -> Result<lifecycle::Evicted, StoreError> {
         let evicted = self.call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, limit))??;
-        Counters::add(&self.counters.evicted, evicted.removed as u64);
+        Counters::add(&self.shared.counters.evicted, evicted.removed as u64);
         Counters::add(
-            &self.counters.tombstones_removed,
+            &self.shared.counters.tombstones_removed,
             evicted.tombstones_removed as u64,
         );
         Ok(evicted)
@@ -244,9 +242,9 @@ impl Engine {
         let job = Task::boxed(work, move |result| {
             let _ = answer.send(result);
         });
-        self.poison.check()?;
+        self.shared.poison.check()?;
         let queue = self.queue.as_ref().ok_or(StoreError::Closed)?.clone();
-        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
         let sent = match queue.try_send(job) {
             Ok(()) => Ok(()),
             Err(std::sync::mpsc::TrySendError::Full(job)) => {
@@ -257,64 +255,68 @@ impl Engine {
             Err(std::sync::mpsc::TrySendError::Disconnected(_)) => Err(()),
         };
         if sent.is_err() {
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(self.stopped());
         }
         receiver.await.map_err(|_| self.stopped())?
     }
 
     fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
-        self.poison.check()?;
+        self.shared.poison.check()?;
         if std::thread::current().id() == self.writer_id {
             return Err(StoreError::Reentrant);
         }
         let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
-        self.counters.queued.fetch_add(1, Ordering::Relaxed);
+        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
         queue.send(job).map_err(|_| {
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            self.shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
             self.stopped()
         })
     }
 
     pub(crate) fn counters(&self) -> &Counters {
-        &self.counters
+        &self.shared.counters
     }
 
     /// The error for a writer that is gone: poisoned if it died, closed otherwise.
     fn stopped(&self) -> StoreError {
-        self.poison.check().err().unwrap_or(StoreError::Closed)
+        self.shared
+            .poison
+            .check()
+            .err()
+            .unwrap_or(StoreError::Closed)
     }
 
     /// A redb snapshot that includes every acknowledged write: if durable groups are not yet
     /// published to redb, the writer publishes them first.
     pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
-        self.poison.check()?;
-        if self.overlay.is_unpublished() {
+        self.shared.poison.check()?;
+        if self.shared.overlay.is_unpublished() {
             self.call(|_, ctx| {
                 ctx.need(Needs::Published);
                 (Keep::Nothing, ())
             })?;
         }
-        Ok(self.db.read().begin_read()?)
+        Ok(self.shared.db.read().begin_read()?)
     }
 
     /// A redb snapshot of what is published, without asking the writer for anything: at most
     /// one epoch behind the acknowledged state. For monitoring.
     pub(crate) fn published_snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
-        self.poison.check()?;
-        Ok(self.db.read().begin_read()?)
+        self.shared.poison.check()?;
+        Ok(self.shared.db.read().begin_read()?)
     }
 
     /// The stored record of a scope (expired records included): from the overlay if a durable
     /// group not yet published wrote it, else from a redb read transaction.
     pub(crate) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        self.poison.check()?;
+        self.shared.poison.check()?;
         // The overlay first, then redb: the writer publishes (commits) before it clears the
         // overlay, so a record missing here is in any snapshot begun after this lookup.
         if let Some(found) = self.overlaid(scope) {
             return found;
         }
-        record_in(&self.db.read(), scope)
+        record_in(&self.shared.db.read(), scope)
     }
 
     /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
@@ -325,25 +327,25 @@ impl Engine {
         &self,
         scope: &Scope,
     ) -> Option<Result<Option<Record>, StoreError>> {
-        if let Err(e) = self.poison.check() {
+        if let Err(e) = self.shared.poison.check() {
             return Some(Err(e));
         }
         if let Some(found) = self.overlaid(scope) {
             return Some(found);
         }
-        let db = self.db.try_read()?;
+        let db = self.shared.db.try_read()?;
         Some(record_in(&db, scope))
     }
 
     /// Holds the file as a compaction does, for tests of what waits on it.
     #[cfg(all(test, feature = "tokio"))]
     pub(crate) fn hold_exclusively(&self) -> parking_lot::RwLockWriteGuard<'_, Database> {
-        self.db.write()
+        self.shared.db.write()
     }
 
     /// The scope's record as a durable group not yet published left it, if one did.
     fn overlaid(&self, scope: &Scope) -> Option<Result<Option<Record>, StoreError>> {
-        match self.overlay.lookup(scope.encode()) {
+        match self.shared.overlay.lookup(scope.encode()) {
             Overlaid::Put(bytes) => Some(decode_record(scope, &bytes)),
             Overlaid::Deleted => Some(Ok(None)),
             Overlaid::Absent => None,

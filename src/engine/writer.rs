@@ -13,31 +13,26 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
-use redb::{Database, WriteTransaction};
+use redb::WriteTransaction;
 
 use crate::clock::Timestamp;
-use crate::config::{Config, Durability};
+use crate::config::Durability;
 use crate::error::StoreError;
 use crate::tx::Tx;
 use crate::wal;
 
+use super::Shared;
 use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, Keep, panic_message};
 use super::log_thread::{Handoff, LogThread, Submission};
 use super::meta;
 use super::open_tables::OpenTables;
-use super::overlay::Overlay;
-use super::poison::{PanicGuard, Poison};
-use super::registry::Registry;
-use super::tables::InternalTables;
-use super::watchers::Watchers;
+use super::poison::PanicGuard;
 use super::write_set::WriteSet;
 
 /// Write-set bytes after which a group stops taking requests; the rest wait for the next
@@ -64,14 +59,7 @@ struct GroupOutcome {
 }
 
 pub(crate) struct Writer {
-    db: Arc<RwLock<Database>>,
-    registry: Arc<Registry>,
-    tables: InternalTables,
-    config: Arc<Config>,
-    poison: Arc<Poison>,
-    counters: Arc<Counters>,
-    overlay: Arc<Overlay>,
-    watchers: Arc<Watchers>,
+    shared: Shared,
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
     /// The log thread, in `Wal` mode.
@@ -80,32 +68,14 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the writer's whole state, given once"
-    )]
     pub(crate) fn new(
-        db: Arc<RwLock<Database>>,
-        registry: Arc<Registry>,
-        tables: InternalTables,
-        config: Arc<Config>,
-        poison: Arc<Poison>,
-        counters: Arc<Counters>,
-        overlay: Arc<Overlay>,
-        watchers: Arc<Watchers>,
+        shared: Shared,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
         log: Option<LogThread>,
     ) -> Self {
         Writer {
-            db,
-            registry,
-            tables,
-            config,
-            poison,
-            counters,
-            overlay,
-            watchers,
+            shared,
             next_fence,
             queue,
             log,
@@ -119,7 +89,7 @@ impl Writer {
         // Declared before the guard so that, if this thread panics, the guard poisons the store
         // before the queued jobs are dropped and their callers wake up.
         let mut group: VecDeque<Box<dyn Job>> = VecDeque::new();
-        let poison = self.poison.clone();
+        let poison = self.shared.poison.clone();
         let _guard = PanicGuard(&poison);
         loop {
             // An epoch can end with requests still in `group` (one asked for a publish or a
@@ -147,7 +117,7 @@ impl Writer {
             self.epoch(&mut group);
             self.checkpoint_if_due();
         }
-        if self.poison.check().is_ok()
+        if self.shared.poison.check().is_ok()
             && self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0)
         {
             // Best effort: if it fails, the next open replays the log instead.
@@ -158,7 +128,7 @@ impl Writer {
     /// Moves queued jobs into `group`, up to `max_batch`.
     fn drain(&self, group: &mut VecDeque<Box<dyn Job>>) {
         let before = group.len();
-        while group.len() < self.config.max_batch {
+        while group.len() < self.shared.config.max_batch {
             match self.queue.try_recv() {
                 Ok(job) => group.push_back(job),
                 Err(_) => break,
@@ -169,7 +139,7 @@ impl Writer {
 
     /// Counts jobs taken off the queue.
     fn received(&self, n: usize) {
-        self.counters.queued.fetch_sub(n, Ordering::Relaxed);
+        self.shared.counters.queued.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Counts jobs, then answers them (counted first, so a caller that was just answered sees
@@ -180,7 +150,7 @@ impl Writer {
         result: &Result<(), StoreError>,
     ) {
         let jobs: Vec<_> = jobs.into_iter().collect();
-        Counters::add(&self.counters.requests, jobs.len() as u64);
+        Counters::add(&self.shared.counters.requests, jobs.len() as u64);
         for job in jobs {
             job.finish(result.clone());
         }
@@ -189,14 +159,14 @@ impl Writer {
     /// Fails the whole epoch: poisons the store for storage failures, and answers every job.
     fn fail(&self, e: StoreError, jobs: impl IntoIterator<Item = Box<dyn Job>>) {
         if matches!(e, StoreError::Redb(_) | StoreError::OutcomeUnknown { .. }) {
-            self.poison.set(&e.to_string());
+            self.shared.poison.set(&e.to_string());
         }
         self.answer(jobs, &Err(e));
     }
 
     /// Runs groups in one redb transaction until the epoch ends, then publishes it.
     fn epoch(&mut self, group: &mut VecDeque<Box<dyn Job>>) {
-        if let Err(e) = self.poison.check() {
+        if let Err(e) = self.shared.poison.check() {
             self.fail(e, group.drain(..));
             return;
         }
@@ -204,7 +174,7 @@ impl Writer {
             Ok(txn) => txn,
             Err(e) => return self.fail(e, group.drain(..)),
         };
-        let mut open = match OpenTables::open(&txn, &self.registry, self.tables) {
+        let mut open = match OpenTables::open(&txn, &self.shared.registry, self.shared.tables) {
             Ok(open) => open,
             Err(e) => return self.fail(e.into(), group.drain(..)),
         };
@@ -218,7 +188,7 @@ impl Writer {
             let mut done = Vec::with_capacity(group.len());
             let outcome = match self.run_group(&txn, &mut open, group, &mut done) {
                 Ok(outcome) => {
-                    self.counters.group(done.len());
+                    self.shared.counters.group(done.len());
                     outcome
                 }
                 Err(e) => {
@@ -233,11 +203,12 @@ impl Writer {
             needs = needs.max(outcome.needs);
             // With more requests waiting, the log thread syncs while the writer goes on; with
             // none, the writer appends itself rather than add a thread hop.
-            let handoff = if group.is_empty() && self.counters.queued.load(Ordering::Relaxed) == 0 {
-                Handoff::Inline
-            } else {
-                Handoff::Overlap
-            };
+            let handoff =
+                if group.is_empty() && self.shared.counters.queued.load(Ordering::Relaxed) == 0 {
+                    Handoff::Inline
+                } else {
+                    Handoff::Overlap
+                };
             match self.log.as_ref() {
                 // Answered once it (and everything before it) is durable and its records are
                 // in the overlay.
@@ -266,7 +237,7 @@ impl Writer {
             let checkpoint_due = self
                 .log
                 .as_ref()
-                .is_none_or(|log| log.since_checkpoint() >= self.config.checkpoint_bytes);
+                .is_none_or(|log| log.since_checkpoint() >= self.shared.config.checkpoint_bytes);
             if checkpoint_due && self.log.is_some() {
                 needs = needs.max(Needs::Checkpointed);
             }
@@ -296,18 +267,19 @@ impl Writer {
             txn.abort().map_err(StoreError::from)
         };
         if let Some(log) = self.log.as_ref() {
-            self.counters
+            self.shared
+                .counters
                 .log_since_checkpoint
                 .store(log.since_checkpoint(), Ordering::Relaxed);
         }
         let result = published.and_then(|()| {
-            self.overlay.published();
+            self.shared.overlay.published();
             if needs >= Needs::Checkpointed {
                 self.checkpoint()
                     .map_err(|e| self.unknown("checkpoint failed", &e))?;
             }
             if needs == Needs::Exclusive {
-                let mut db = self.db.write();
+                let mut db = self.shared.db.write();
                 for job in &mut after_publish {
                     job.exclusive(&mut db);
                 }
@@ -336,8 +308,8 @@ impl Writer {
     /// An epoch's transaction: committed without a sync in `Wal` mode (the log has every
     /// group), durably in `Redb` mode (its commit is what makes the group durable).
     fn begin_txn(&self) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.db.read().begin_write()?;
-        txn.set_durability(match self.config.durability {
+        let mut txn = self.shared.db.read().begin_write()?;
+        txn.set_durability(match self.shared.config.durability {
             Durability::Wal => redb::Durability::None,
             Durability::Redb => redb::Durability::Immediate,
         })?;
@@ -374,12 +346,12 @@ impl Writer {
         while let Some(mut job) = group.pop_front() {
             let mut writes = WriteSet::default();
             let keep = {
-                let mut tx = Tx::new(txn, open, &self.registry, &mut writes);
+                let mut tx = Tx::new(txn, open, &self.shared.registry, &mut writes);
                 let mut ctx = Context::new(
                     now,
-                    &self.config,
-                    self.tables,
-                    &self.watchers,
+                    &self.shared.config,
+                    self.shared.tables,
+                    &self.shared.watchers,
                     &mut self.next_fence,
                 );
                 let keep = job.run(&mut tx, &mut ctx);
@@ -388,7 +360,7 @@ impl Writer {
             };
             done.push(job);
             if keep == Keep::Writes && !writes.is_empty() {
-                self.registry.apply(txn, open, writes.ops())?;
+                self.shared.registry.apply(txn, open, writes.ops())?;
                 outcome.changed = true;
                 outcome.bytes += writes.bytes();
                 kept.push(writes);
@@ -400,13 +372,13 @@ impl Writer {
         if outcome.changed {
             if self.log.is_some() {
                 let mut encoded = Vec::new();
-                wal::encode_group(&self.registry, &kept, &mut encoded).map_err(|e| {
+                wal::encode_group(&self.shared.registry, &kept, &mut encoded).map_err(|e| {
                     StoreError::Internal {
                         message: format!("encoding a log frame failed: {e}"),
                     }
                 })?;
                 payload = Some(encoded);
-                let table = self.tables.records;
+                let table = self.shared.tables.records;
                 records = kept
                     .into_iter()
                     .flat_map(WriteSet::into_ops)
@@ -414,7 +386,7 @@ impl Writer {
                     .map(|op| (op.key, op.value))
                     .collect();
             }
-            Counters::add(&self.counters.groups_committed, 1);
+            Counters::add(&self.shared.counters.groups_committed, 1);
         }
         outcome.payload = payload;
         outcome.records = records;
@@ -423,7 +395,7 @@ impl Writer {
 
     /// The clock, read once per group; a panicking clock fails the group, not the writer.
     fn now(&self) -> Result<Timestamp, StoreError> {
-        let clock = self.config.clock.clone();
+        let clock = self.shared.config.clock.clone();
         catch_unwind(AssertUnwindSafe(|| clock.now())).map_err(|panic| StoreError::Internal {
             message: format!(
                 "the store's clock panicked: {}",
@@ -435,8 +407,9 @@ impl Writer {
     /// How long until a checkpoint is due, if the log holds frames not yet in durable redb.
     fn checkpoint_due_in(&self) -> Option<Duration> {
         let log = self.log.as_ref()?;
-        (log.since_checkpoint() > 0 && self.poison.check().is_ok()).then(|| {
-            self.config
+        (log.since_checkpoint() > 0 && self.shared.poison.check().is_ok()).then(|| {
+            self.shared
+                .config
                 .checkpoint_interval
                 .saturating_sub(self.last_checkpoint.elapsed())
         })
@@ -446,12 +419,12 @@ impl Writer {
         let Some(log) = self.log.as_ref() else {
             return;
         };
-        let due = log.since_checkpoint() >= self.config.checkpoint_bytes
+        let due = log.since_checkpoint() >= self.shared.config.checkpoint_bytes
             || (log.since_checkpoint() > 0
-                && self.last_checkpoint.elapsed() >= self.config.checkpoint_interval);
-        if due && self.poison.check().is_ok() {
+                && self.last_checkpoint.elapsed() >= self.shared.config.checkpoint_interval);
+        if due && self.shared.poison.check().is_ok() {
             if let Err(e) = self.checkpoint() {
-                self.poison.set(&format!("checkpoint failed: {e}"));
+                self.shared.poison.set(&format!("checkpoint failed: {e}"));
             }
         }
     }
@@ -464,28 +437,32 @@ impl Writer {
             return Ok(());
         };
         let seq = log.wait_durable()?;
-        let mut txn = self.db.read().begin_write()?;
+        let mut txn = self.shared.db.read().begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
         txn.set_quick_repair(true);
         meta::set_log_checkpoint(&txn, seq)?;
         txn.commit()?;
         // Enough spare segments to log one checkpoint interval without creating files.
         let keep_free = usize::try_from(
-            self.config
+            self.shared
+                .config
                 .checkpoint_bytes
-                .div_ceil(self.config.segment_bytes)
+                .div_ceil(self.shared.config.segment_bytes)
                 + 1,
         )
         .unwrap_or(usize::MAX);
         log.checkpointed(seq, keep_free);
         tracing::debug!(seq, "checkpoint");
         self.last_checkpoint = Instant::now();
-        Counters::add(&self.counters.checkpoints, 1);
-        self.counters
+        Counters::add(&self.shared.counters.checkpoints, 1);
+        self.shared
+            .counters
             .log_since_checkpoint
             .store(0, Ordering::Relaxed);
-        let since_open = self.last_checkpoint.duration_since(self.counters.opened);
-        self.counters.last_checkpoint_ms.store(
+        let since_open = self
+            .last_checkpoint
+            .duration_since(self.shared.counters.opened);
+        self.shared.counters.last_checkpoint_ms.store(
             u64::try_from(since_open.as_millis())
                 .unwrap_or(u64::MAX)
                 .max(1),
