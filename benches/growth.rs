@@ -7,36 +7,19 @@
 //! 10,000 keys for every small run (so it stays small), and one store loaded to 1,000,000 keys
 //! (each run adds keys to it; the count at the start of each run is printed).
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idemstore::redb::TableDefinition;
-use idemstore::{Begin, Fingerprint, Response, Scope, Store};
+use common::ORDERS;
+use idemstore::Store;
 
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 const CLIENTS: u64 = 64;
 
 fn pair(store: &Store, i: u64) {
-    let scope = Scope::new(
-        format!("tenant-{}", i % 16),
-        "create_order",
-        format!("key-{i:012}"),
-    )
-    .expect("scope");
-    let key = scope.key().to_owned();
-    let Begin::Claimed(claim) = store
-        .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
-        .expect("begin")
-    else {
-        panic!("{key} was not new");
-    };
-    claim
-        .commit(move |tx| {
-            tx.insert(&ORDERS, key.as_str(), [7u8; 100].as_slice())?;
-            Ok(Response::new(201, vec![b'r'; 200]))
-        })
-        .expect("commit");
+    common::pair(store, &common::scope(i, format!("key-{i:012}")));
 }
 
 /// Pairs per second from 64 clients: for `duration`, or until `until` keys exist.

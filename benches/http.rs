@@ -10,6 +10,8 @@
 //! - `replay/{direct,layer}`: a completed key again, from one task;
 //! - `replay/no_layer`: a handler answering the same bytes without the layer (axum's own cost).
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -19,16 +21,13 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, header};
 use axum::routing::post;
+use common::{BODY as RESPONSE, ORDERS, ROW};
 use criterion::{Criterion, Throughput, criterion_main};
 use idemstore::http::{IdempotencyLayer, IdempotentRequest, Tenant};
-use idemstore::redb::TableDefinition;
 use idemstore::{Begin, Fingerprint, Response, Scope, Store};
 use tower::ServiceExt;
 
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 const BODY: &str = r#"{"amount": 1900, "currency": "eur", "customer": "cus_42", "lines": [{"sku": "w-1", "qty": 3}]}"#;
-const ROW: [u8; 100] = [7; 100];
-const RESPONSE: [u8; 200] = [b'r'; 200];
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()

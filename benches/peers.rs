@@ -15,17 +15,17 @@
 //! - the CPU ceiling: redb with non-durable commits, batched, doing the same writes in one
 //!   thread. Nothing that stores in redb can beat it.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{BODY, ORDERS, ROW};
 use idemstore::redb::{self, ReadableTable, TableDefinition};
-use idemstore::{Begin, Durability, Fingerprint, Response, Scope, Store};
+use idemstore::{Durability, Fingerprint, Store};
 
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
-const ROW: [u8; 100] = [7; 100];
-const BODY: [u8; 200] = [b'r'; 200];
 const PRODUCT_CLIENTS: usize = 64;
 
 /// Something that can perform pairs from many client threads.
@@ -59,18 +59,8 @@ impl Idemstore {
 
 impl Peer for Idemstore {
     fn pair(&self, client: usize, i: u64) {
-        let (tenant, key) = key(client, i);
-        let scope = Scope::new(&tenant, "create_order", &key).expect("scope");
-        let fingerprint = Fingerprint::of_bytes(key.as_bytes());
-        let Begin::Claimed(claim) = self.0.begin(&scope, fingerprint).expect("begin") else {
-            panic!("{key} was not new");
-        };
-        claim
-            .commit(move |tx| {
-                tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
-                Ok(Response::new(201, BODY.to_vec()))
-            })
-            .expect("commit");
+        let (_, key) = key(client, i);
+        common::pair(&self.0, &common::scope(client as u64, key));
     }
 }
 

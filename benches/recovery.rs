@@ -7,16 +7,17 @@
 //! exits without closing the store (no checkpoint at close, no clean redb shutdown), which is a
 //! crash as far as the store can tell; the parent then times the reopen.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idemstore::redb::TableDefinition;
-use idemstore::{Begin, Durability, Fingerprint, Response, Scope, Store};
+use common::ORDERS;
+use idemstore::{Durability, Store};
 
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
 const THREADS: u64 = 64;
 
 fn open(dir: &Path, durability: Durability) -> Result<Store, idemstore::OpenError> {
@@ -30,43 +31,9 @@ fn open(dir: &Path, durability: Durability) -> Result<Store, idemstore::OpenErro
         .open(dir)
 }
 
-/// Claims and commits `count` new keys from 64 threads: a ~100-byte business row and a
-/// ~200-byte response per pair. Returns the pairs per second.
+/// Claims and commits `count` new keys from 64 threads. Returns the pairs per second.
 fn load(store: &Store, prefix: &str, count: u64) -> f64 {
-    let next = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let workers: Vec<_> = (0..THREADS)
-        .map(|t| {
-            let (store, next, prefix) = (store.clone(), next.clone(), prefix.to_owned());
-            std::thread::spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= count {
-                        break;
-                    }
-                    let key = format!("{prefix}-{i:010}");
-                    let scope = Scope::new(format!("tenant-{}", t % 16), "create_order", &key)
-                        .expect("valid scope");
-                    let Begin::Claimed(claim) = store
-                        .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
-                        .expect("begin")
-                    else {
-                        panic!("{key} was not new");
-                    };
-                    claim
-                        .commit(move |tx| {
-                            tx.insert(&ORDERS, key.as_str(), [7u8; 100].as_slice())?;
-                            Ok(Response::new(201, vec![b'r'; 200]))
-                        })
-                        .expect("commit");
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
-    count as f64 / started.elapsed().as_secs_f64()
+    common::pairs_from_threads(store, THREADS, count, |i| format!("{prefix}-{i:010}"))
 }
 
 /// The child: prepare a store, then exit without closing it.

@@ -10,18 +10,16 @@
 //!
 //! Throughput is reported as elements per second (criterion's `thrpt`).
 
+mod common;
+
 use std::hint::black_box;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::ORDERS;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
-use idemstore::redb::TableDefinition;
-use idemstore::{Begin, Durability, Fingerprint, ManualClock, Response, Scope, Store, Timestamp};
-
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
-const ROW: [u8; 100] = [7; 100];
-const BODY: [u8; 200] = [b'r'; 200];
+use idemstore::{Begin, Durability, Fingerprint, ManualClock, Scope, Store, Timestamp};
 
 fn open(dir: &Path, durability: Durability) -> Store {
     Store::builder()
@@ -32,29 +30,11 @@ fn open(dir: &Path, durability: Durability) -> Store {
 }
 
 fn scope(i: u64) -> Scope {
-    Scope::new(
-        format!("tenant-{}", i % 16),
-        "create_order",
-        format!("key-{i:012}"),
-    )
-    .expect("scope")
+    common::scope(i, format!("key-{i:012}"))
 }
 
 fn pair(store: &Store, i: u64) {
-    let scope = scope(i);
-    let key = scope.key().to_owned();
-    let Begin::Claimed(claim) = store
-        .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
-        .expect("begin")
-    else {
-        panic!("key {i} was not new");
-    };
-    claim
-        .commit(move |tx| {
-            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
-            Ok(Response::new(201, BODY.to_vec()))
-        })
-        .expect("commit");
+    common::pair(store, &scope(i));
 }
 
 /// Runs `iters` pairs over `clients` threads and returns the time taken.

@@ -11,48 +11,14 @@
 //! segments exist to be reused between checkpoints), so it overstates the steady state for
 //! short runs. "redb file writes" includes the final checkpoint at close.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
 
-use idemstore::redb::TableDefinition;
+use common::ORDERS;
 use idemstore::testing::SimDisk;
-use idemstore::{Begin, Durability, Fingerprint, Response, Scope, Store};
-
-const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
+use idemstore::{Durability, Store};
 
 fn pairs(store: &Store, threads: u64, count: u64) {
-    let next = Arc::new(AtomicU64::new(0));
-    let workers: Vec<_> = (0..threads)
-        .map(|t| {
-            let (store, next) = (store.clone(), next.clone());
-            std::thread::spawn(move || {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= count {
-                        break;
-                    }
-                    let key = format!("key-{i:010}");
-                    let scope = Scope::new(format!("tenant-{}", t % 16), "create_order", &key)
-                        .expect("valid scope");
-                    let Begin::Claimed(claim) = store
-                        .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
-                        .expect("begin")
-                    else {
-                        panic!("{key} was not new");
-                    };
-                    claim
-                        .commit(move |tx| {
-                            tx.insert(&ORDERS, key.as_str(), [7u8; 100].as_slice())?;
-                            Ok(Response::new(201, vec![b'r'; 200]))
-                        })
-                        .expect("commit");
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        w.join().expect("worker");
-    }
+    common::pairs_from_threads(store, threads, count, |i| format!("key-{i:010}"));
 }
 
 fn main() {

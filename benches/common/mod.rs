@@ -1,0 +1,66 @@
+//! The workload the benches share. One **pair** is what a service does per request with a new
+//! idempotency key: a `begin` that claims it, then a `commit` that writes a ~100-byte business
+//! row and stores a ~200-byte response, in one transaction. Keys are spread over 16 tenants.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use idemstore::redb::TableDefinition;
+use idemstore::{Begin, Fingerprint, Response, Scope, Store};
+
+/// The business table every pair writes its row to.
+pub const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
+/// The business row of a pair.
+pub const ROW: [u8; 100] = [7; 100];
+/// The stored response of a pair.
+pub const BODY: [u8; 200] = [b'r'; 200];
+
+/// The scope of a pair: `key` under tenant `tenant % 16`.
+pub fn scope(tenant: u64, key: String) -> Scope {
+    Scope::new(format!("tenant-{}", tenant % 16), "create_order", key).expect("a valid scope")
+}
+
+/// One pair on `scope`, which must be new.
+pub fn pair(store: &Store, scope: &Scope) {
+    let key = scope.key().to_owned();
+    let Begin::Claimed(claim) = store
+        .begin(scope, Fingerprint::of_bytes(key.as_bytes()))
+        .expect("begin")
+    else {
+        panic!("{scope} was not new");
+    };
+    claim
+        .commit(move |tx| {
+            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
+            Ok(Response::new(201, BODY.to_vec()))
+        })
+        .expect("commit");
+}
+
+/// `count` pairs from `threads` client threads, client `t` as tenant `t % 16` and the `i`th
+/// pair on key `key(i)`. Returns pairs per second.
+pub fn pairs_from_threads(
+    store: &Store,
+    threads: u64,
+    count: u64,
+    key: impl Fn(u64) -> String + Sync,
+) -> f64 {
+    let next = AtomicU64::new(0);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (next, key) = (&next, &key);
+            s.spawn(move || {
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= count {
+                        break;
+                    }
+                    pair(store, &scope(t, key(i)));
+                }
+            });
+        }
+    });
+    count as f64 / started.elapsed().as_secs_f64()
+}
