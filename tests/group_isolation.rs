@@ -6,9 +6,39 @@ use std::sync::mpsc;
 use std::sync::{Arc, Barrier};
 
 use common::{ORDERS, TestResult, clock, fp, open, orders, scope};
-use idemstore::{Begin, CommitError, RecordState, Response};
+use idemstore::{Begin, CommitError, RecordState, Response, Store};
 
 const GOOD: usize = 16;
+
+/// The writer held inside a plain write (which writes nothing), so that requests queue up
+/// behind it and are taken as one group when it is let go.
+struct HeldWriter {
+    release: mpsc::Sender<()>,
+    blocker: std::thread::JoinHandle<Result<(), idemstore::WriteError>>,
+}
+
+impl HeldWriter {
+    fn hold(store: &Store) -> Result<HeldWriter, Box<dyn std::error::Error>> {
+        let (release, held) = mpsc::channel::<()>();
+        let (running, writer_busy) = mpsc::channel::<()>();
+        let store = store.clone();
+        let blocker = std::thread::spawn(move || {
+            store.write(move |_| {
+                running.send(())?;
+                held.recv()?;
+                Ok(())
+            })
+        });
+        writer_busy.recv()?;
+        Ok(HeldWriter { release, blocker })
+    }
+
+    fn release(self) -> TestResult {
+        self.release.send(())?;
+        self.blocker.join().map_err(|_| "blocker panicked")??;
+        Ok(())
+    }
+}
 
 #[test]
 fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> TestResult {
@@ -24,19 +54,7 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
 
     // Hold the writer inside a plain write so that all 17 commits queue up behind it and are
     // taken as one group when it is let go.
-    let (release_writer, held) = mpsc::channel::<()>();
-    let (running, writer_busy) = mpsc::channel::<()>();
-    let blocker = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            store.write(move |_| {
-                running.send(())?;
-                held.recv()?;
-                Ok(())
-            })
-        })
-    };
-    writer_busy.recv()?;
+    let held = HeldWriter::hold(&store)?;
     let groups_before = store.stats()?.groups_committed;
 
     let start = Arc::new(Barrier::new(GOOD + 1));
@@ -67,8 +85,7 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
         );
         std::thread::yield_now();
     }
-    release_writer.send(())?;
-    blocker.join().map_err(|_| "blocker panicked")??;
+    held.release()?;
 
     let mut results: Vec<_> = Vec::new();
     for c in committers {
@@ -110,19 +127,7 @@ fn an_erroring_commit_racing_16_good_ones_in_one_group_leaves_no_trace() -> Test
 fn a_request_behind_a_checkpoint_in_the_same_group_is_answered_without_new_traffic() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = open(dir.path(), &clock())?;
-    let (release_writer, held) = mpsc::channel::<()>();
-    let (running, writer_busy) = mpsc::channel::<()>();
-    let blocker = {
-        let store = store.clone();
-        std::thread::spawn(move || {
-            store.write(move |_| {
-                running.send(())?;
-                held.recv()?;
-                Ok(())
-            })
-        })
-    };
-    writer_busy.recv()?;
+    let held = HeldWriter::hold(&store)?;
     let queued = |n: usize| -> TestResult {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         while store.stats()?.queued < n {
@@ -151,8 +156,7 @@ fn a_request_behind_a_checkpoint_in_the_same_group_is_answered_without_new_traff
         })
     };
     queued(2)?;
-    release_writer.send(())?;
-    blocker.join().map_err(|_| "blocker panicked")??;
+    held.release()?;
     checkpoint.join().map_err(|_| "checkpoint panicked")??;
     let ok = write_done
         .recv_timeout(std::time::Duration::from_secs(10))

@@ -37,7 +37,21 @@ fn counted(runs: &Arc<AtomicU32>) -> axum::routing::MethodRouter {
     })
 }
 
+/// `POST /orders` answered by [`counted`] behind `layer`, and the handler's run count.
+fn orders_app(layer: IdempotencyLayer) -> (Router, Arc<AtomicU32>) {
+    let runs = Arc::new(AtomicU32::new(0));
+    let app = Router::new()
+        .route("/orders", counted(&runs))
+        .route_layer(layer);
+    (app, runs)
+}
+
 fn request(method: Method, uri: &str, key: Option<&str>, body: &str) -> Request {
+    request_with(method, uri, key, Body::from(body.to_owned()))
+}
+
+/// A JSON request from tenant `acct_a`, as its authentication layer would have marked it.
+fn request_with(method: Method, uri: &str, key: Option<&str>, body: Body) -> Request {
     let mut builder = Request::builder()
         .method(method)
         .uri(uri)
@@ -45,9 +59,7 @@ fn request(method: Method, uri: &str, key: Option<&str>, body: &str) -> Request 
     if let Some(key) = key {
         builder = builder.header("idempotency-key", key);
     }
-    let mut request = builder
-        .body(Body::from(body.to_owned()))
-        .expect("a valid request");
+    let mut request = builder.body(body).expect("a valid request");
     request.extensions_mut().insert(Tenant("acct_a".into()));
     request
 }
@@ -187,10 +199,7 @@ async fn a_changed_body_or_path_under_the_same_key_is_refused_422() -> TestResul
 async fn bad_keys_missing_keys_and_large_bodies_are_refused_before_the_store() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = store(&dir, &clock())?;
-    let runs = Arc::new(AtomicU32::new(0));
-    let app = Router::new()
-        .route("/orders", counted(&runs))
-        .route_layer(IdempotencyLayer::new(store.clone()).max_body(64));
+    let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()).max_body(64));
 
     let missing = send(&app, request(Method::POST, "/orders", None, BODY)).await?;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
@@ -645,10 +654,7 @@ async fn send_owned(app: Router, request: Request) -> Result<Answer, String> {
 async fn thirty_two_concurrent_duplicates_run_the_handler_once() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = store(&dir, &clock())?;
-    let runs = Arc::new(AtomicU32::new(0));
-    let app = Router::new()
-        .route("/orders", counted(&runs))
-        .route_layer(IdempotencyLayer::new(store.clone()));
+    let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()));
     let barrier = Arc::new(tokio::sync::Barrier::new(32));
     let mut tasks = Vec::new();
     for _ in 0..32 {
@@ -682,10 +688,7 @@ async fn a_key_whose_response_expired_behind_a_tombstone_is_answered_410() -> Te
         .ttl(Duration::from_secs(60))
         .tombstone_ttl(Duration::from_secs(3600))
         .open(dir.path().join("idem"))?;
-    let runs = Arc::new(AtomicU32::new(0));
-    let app = Router::new()
-        .route("/orders", counted(&runs))
-        .route_layer(IdempotencyLayer::new(store.clone()));
+    let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()));
     assert_eq!(
         send(&app, post_req("k", BODY)).await?.status,
         StatusCode::CREATED
@@ -960,18 +963,12 @@ async fn a_waiting_duplicate_gives_up_after_its_wait_with_409() -> TestResult {
 async fn a_declared_length_over_the_limit_is_refused_without_reading() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = store(&dir, &clock())?;
-    let runs = Arc::new(AtomicU32::new(0));
-    let app = Router::new()
-        .route("/orders", counted(&runs))
-        .route_layer(IdempotencyLayer::new(store.clone()).max_body(1024));
+    let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()).max_body(1024));
     let (_sender, endless) = http_body_util::channel::Channel::<axum::body::Bytes>::new(1);
-    let mut request = Request::builder()
-        .method(Method::POST)
-        .uri("/orders")
-        .header("idempotency-key", "k")
-        .header(header::CONTENT_LENGTH, "1025")
-        .body(Body::new(endless))?;
-    request.extensions_mut().insert(Tenant("acct_a".into()));
+    let mut request = request_with(Method::POST, "/orders", Some("k"), Body::new(endless));
+    request
+        .headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1025"));
     let answer = tokio::time::timeout(Duration::from_secs(60), send(&app, request)).await??;
     assert_eq!(answer.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(

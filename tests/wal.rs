@@ -37,6 +37,15 @@ fn is_replay(store: &Store, key: &str) -> Result<bool, Box<dyn std::error::Error
     ))
 }
 
+/// The disk as a crash left it after one acknowledged order, `k`, in the log only.
+fn crashed_after_one_order() -> Result<(SimDisk, ManualClock), Box<dyn std::error::Error>> {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    order(&store, "k", 10)?;
+    Ok((disk.crash_image(Tear::Drop), clock))
+}
+
 #[test]
 fn acknowledged_commits_survive_a_crash_by_replay() -> TestResult {
     let disk = SimDisk::new();
@@ -184,12 +193,7 @@ fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -
 
 #[test]
 fn a_log_that_writes_an_unregistered_table_fails_clearly() -> TestResult {
-    let disk = SimDisk::new();
-    let clock = clock();
-    let store = open(&disk, &clock)?;
-    order(&store, "k", 10)?;
-    let image = disk.crash_image(Tear::Drop);
-    drop(store);
+    let (image, clock) = crashed_after_one_order()?;
     let err = Store::builder()
         .clock(clock.clone())
         .open_simulated(&image)
@@ -314,12 +318,7 @@ fn segments_are_reused_after_checkpoints() -> TestResult {
 
 #[test]
 fn a_store_last_opened_with_the_log_replays_it_when_reopened_without() -> TestResult {
-    let disk = SimDisk::new();
-    let clock = clock();
-    let store = open(&disk, &clock)?;
-    order(&store, "k", 10)?;
-    let image = disk.crash_image(Tear::Drop);
-    drop(store);
+    let (image, clock) = crashed_after_one_order()?;
     let store = builder(&clock)
         .durability(Durability::Redb)
         .open_simulated(&image)?;
