@@ -6,7 +6,7 @@ use std::time::Duration;
 use redb::{Key, TableDefinition, TableHandle, Value};
 
 use crate::clock::Clock;
-use crate::config::{Config, Durability, Sweep};
+use crate::config::{Config, Durability, LoosePermissions, SelfHeal, Sweep};
 use crate::engine::registry::{Internal, RegisterError, Registry};
 use crate::engine::tables::InternalTables;
 use crate::error::OpenError;
@@ -123,6 +123,26 @@ impl Builder {
     #[must_use]
     pub fn sweep(mut self, sweep: Sweep) -> Self {
         self.config.sweep = sweep;
+        self
+    }
+
+    /// Whether a poisoned store recovers in place on its own (see [`SelfHeal`]).
+    ///
+    /// Default = [`SelfHeal::Backoff`] from 100 ms to 30 s. Valid: 1 ms <= first <= max <=
+    /// 1 hour.
+    #[must_use]
+    pub fn self_heal(mut self, self_heal: SelfHeal) -> Self {
+        self.config.self_heal = self_heal;
+        self
+    }
+
+    /// What opening an existing store whose files other users may read does (see
+    /// [`LoosePermissions`]).
+    ///
+    /// Default = [`LoosePermissions::Warn`].
+    #[must_use]
+    pub fn loose_permissions(mut self, policy: LoosePermissions) -> Self {
+        self.config.loose_permissions = policy;
         self
     }
 

@@ -53,6 +53,55 @@ impl Default for Sweep {
     }
 }
 
+/// Whether a poisoned store recovers in place on its own.
+///
+/// A store is poisoned when a write's outcome is unknown (a failed log sync) or its in-place
+/// recovery failed: writes are refused until it has rebuilt a known state from its log, as a
+/// reopen would. Reads and replays are answered meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SelfHeal {
+    /// The writer recovers in place at once, then, if that fails, again after `first`,
+    /// doubling up to `max` (with jitter), until it succeeds. The default: a full disk or a
+    /// flaky device does not need a restart of the process.
+    Backoff {
+        /// The wait after the first failed attempt.
+        first: Duration,
+        /// The longest wait between attempts.
+        max: Duration,
+    },
+    /// Only [`Store::reopen`](crate::Store::reopen) recovers a poisoned store (after one
+    /// immediate attempt). For deployments that want an operator, or a supervisor, to decide.
+    Off,
+}
+
+impl Default for SelfHeal {
+    /// Backoff from 100 ms to 30 s.
+    fn default() -> Self {
+        SelfHeal::Backoff {
+            first: Duration::from_millis(100),
+            max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What `open` does with an existing store whose files other users may read.
+///
+/// A store holds every response it replays (charge ids, amounts, customer references). What
+/// it creates is `0700` (directories) and `0600` (files) whatever the umask; a store made by
+/// an older version, or changed by hand, may be looser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum LoosePermissions {
+    /// Open it, log a warning naming each path and its mode, and report them in
+    /// `Stats::loose_permissions`. The default.
+    #[default]
+    Warn,
+    /// Refuse to open it ([`OpenError::LoosePermissions`](crate::OpenError::LoosePermissions)),
+    /// as PostgreSQL refuses a data directory others can read.
+    Refuse,
+}
+
 /// Longest lease a claim may hold or be extended to.
 pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Longest TTL a completed record may be kept for (ten years).
@@ -83,6 +132,8 @@ pub(crate) struct Config {
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
     pub(crate) sweep: Sweep,
+    pub(crate) self_heal: SelfHeal,
+    pub(crate) loose_permissions: LoosePermissions,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -100,6 +151,8 @@ impl Default for Config {
             checkpoint_bytes: 64 * 1024 * 1024,
             checkpoint_interval: Duration::from_secs(2),
             sweep: Sweep::default(),
+            self_heal: SelfHeal::default(),
+            loose_permissions: LoosePermissions::default(),
             clock: Arc::new(SystemClock),
         }
     }
@@ -170,6 +223,16 @@ impl Config {
                 return invalid(
                     "sweep",
                     format!("a batch of {batch} is outside 1 ..= 100,000"),
+                );
+            }
+        }
+        if let SelfHeal::Backoff { first, max } = self.self_heal {
+            if first < Duration::from_millis(1) || max < first || max > Duration::from_secs(3600) {
+                return invalid(
+                    "self_heal",
+                    format!(
+                        "backoff from {first:?} to {max:?}: valid is 1 ms <= first <= max <= 1 hour"
+                    ),
                 );
             }
         }

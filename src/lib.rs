@@ -102,8 +102,9 @@ pub use builder::Builder;
 pub use claim::{Begin, Claim};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use config::{
-    Durability, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE, MAX_REQUEST_BYTES,
-    MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES, Sweep,
+    Durability, LoosePermissions, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE,
+    MAX_REQUEST_BYTES, MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES, SelfHeal,
+    Sweep,
 };
 pub use engine::lifecycle::{Backlog, Evicted};
 pub use error::{
@@ -117,6 +118,7 @@ pub use record::{Record, RecordState};
 pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
 pub use stats::Stats;
+pub use storage::LooseFile;
 pub use store::{Abandoned, Compacted, Counts, Store};
 pub use tx::{OwnedValue, Tx};
 pub use wal::RecoveryReport;

@@ -52,6 +52,9 @@ pub struct Stats {
 
     /// Groups that wrote something and were made durable.
     pub groups_committed: u64,
+    /// Epochs published: redb transactions, each carrying one or more groups, committed and
+    /// made visible to readers.
+    pub epochs: u64,
     /// Writer groups by number of requests: `group_sizes[i]` counts groups of `2^i ..
     /// 2^(i+1)` requests (the last bucket, 1,024 and more).
     pub group_sizes: [u64; GROUP_SIZE_BUCKETS],
@@ -61,6 +64,16 @@ pub struct Stats {
     pub queued: usize,
     /// Callers waiting in `begin_or_wait` right now.
     pub waiting: usize,
+
+    /// Why writes are refused, while they are: the store is poisoned by a failure of unknown
+    /// outcome and recovers in place (see `Builder::self_heal`). `None` while it is writable.
+    pub poisoned: Option<String>,
+    /// In-place recoveries since open (after a failed sync, a failed checkpoint, a redb error,
+    /// or `Store::reopen`).
+    pub restores: u64,
+    /// The store's files and directories that other users may read (they should be `0700`
+    /// and `0600`: stored responses are private).
+    pub loose_permissions: Vec<crate::LooseFile>,
 }
 
 impl Stats {
@@ -69,6 +82,7 @@ impl Stats {
         let get = Counters::get;
         self.log_bytes = get(&c.log_bytes);
         self.checkpoints = get(&c.checkpoints);
+        self.restores = get(&c.restores);
         self.claims = get(&c.claims);
         self.recoveries = get(&c.recoveries);
         self.replays = get(&c.replays);
@@ -79,6 +93,7 @@ impl Stats {
         self.evicted = get(&c.evicted);
         self.tombstones_removed = get(&c.tombstones_removed);
         self.groups_committed = get(&c.groups_committed);
+        self.epochs = get(&c.epochs);
         for (out, bucket) in self.group_sizes.iter_mut().zip(&c.group_sizes) {
             *out = get(bucket);
         }

@@ -35,10 +35,24 @@ use redb::{ReadableTable, TableDefinition};
 /// An open idempotency store. Cheap to clone; every clone is the same store.
 ///
 /// The store is closed when the last clone and the last [`Claim`] are dropped; drop waits for
-/// the writer to finish what was queued, so the directory can be reopened right after.
+/// the background sweeper and the writer to finish what they were doing, so the directory can
+/// be reopened right after.
 #[derive(Clone)]
 pub struct Store {
+    inner: Arc<Inner>,
+}
+
+/// What every clone of a [`Store`] shares. Its drop stops the sweeper before the engine goes:
+/// the sweeper holds the engine while it evicts, and a store whose last handle is dropped must
+/// close its file before `drop` returns.
+struct Inner {
     engine: Arc<Engine>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.engine.stop_sweeper();
+    }
 }
 
 impl fmt::Debug for Store {
@@ -159,11 +173,13 @@ impl Store {
             );
         }
         engine.start_sweeper()?;
-        Ok(Store { engine })
+        Ok(Store {
+            inner: Arc::new(Inner { engine }),
+        })
     }
 
     pub(crate) fn engine(&self) -> &Engine {
-        &self.engine
+        &self.inner.engine
     }
 
     /// Decides, atomically, what to do with a request for `scope` (the table in the crate
@@ -179,7 +195,7 @@ impl Store {
             Ok(ReadPath::Answered(answer)) => Ok(answer),
             Ok(ReadPath::Writer) => {
                 let decided = scope.clone();
-                self.engine
+                self.engine()
                     .call(move |tx, ctx| lifecycle::begin(tx, ctx, &decided, fingerprint))
                     .map_err(BeginError::from)
                     .and_then(|answer| Ok(self.writer_answer(scope, fingerprint, answer?)))
@@ -194,7 +210,7 @@ impl Store {
         let answer = answer.inspect_err(|e| {
             tracing::warn!(error = %e, "begin failed");
         })?;
-        self.engine.counters().answered(&answer);
+        self.engine().counters().answered(&answer);
         match &answer {
             Begin::Claimed(claim) | Begin::Recovered(claim) => tracing::debug!(
                 outcome = if matches!(answer, Begin::Claimed(_)) {
@@ -226,8 +242,8 @@ impl Store {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<ReadPath, BeginError> {
-        let now = self.engine.config().clock.now();
-        let existing = self.engine.read_record(scope)?;
+        let now = self.engine().config().clock.now();
+        let existing = self.engine().read_record(scope)?;
         Ok(self.path_for(existing, fingerprint, now))
     }
 
@@ -238,8 +254,8 @@ impl Store {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Option<Result<ReadPath, BeginError>> {
-        let now = self.engine.config().clock.now();
-        let existing = self.engine.try_read_record(scope)?;
+        let now = self.engine().config().clock.now();
+        let existing = self.engine().try_read_record(scope)?;
         Some(
             existing
                 .map(|existing| self.path_for(existing, fingerprint, now))
@@ -258,7 +274,7 @@ impl Store {
             existing.as_ref(),
             &fingerprint,
             now,
-            self.engine.config().tombstone_ttl,
+            self.engine().config().tombstone_ttl,
         ) {
             Decision::Replay => {
                 if let Some(RecordState::Completed { response, .. }) = existing.map(|r| r.state) {
@@ -315,7 +331,7 @@ impl Store {
         let start = Instant::now();
         let deadline = start.checked_add(max_wait).unwrap_or(start + MAX_WAIT);
         loop {
-            let watch = self.engine.watchers().watch(scope.encode());
+            let watch = self.engine().watchers().watch(scope.encode());
             // Read before asking, so that a claim finishing in between is not missed.
             let seen = watch.slot.generation();
             match self.begin(scope, fingerprint)? {
@@ -337,12 +353,12 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails, the record is corrupt, or the store is poisoned.
     pub fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        let now = self.engine.config().clock.now();
-        let Some(record) = self.engine.read_record(scope)? else {
+        let now = self.engine().config().clock.now();
+        let Some(record) = self.engine().read_record(scope)? else {
             return Ok(None);
         };
         Ok(
-            match record.visibility(now, self.engine.config().tombstone_ttl) {
+            match record.visibility(now, self.engine().config().tombstone_ttl) {
                 Visibility::Live => Some(record),
                 Visibility::Tombstone {
                     completed_at,
@@ -370,7 +386,7 @@ impl Store {
         F: FnOnce(&mut Tx<'_>) -> Result<T, BoxError> + Send + 'static,
     {
         let answer = self
-            .engine
+            .engine()
             .call(move |tx, _ctx| lifecycle::write(tx, Box::new(work)))?;
         answer.map_err(|failure| match failure {
             UserFailure::Aborted(e) => WriteError::Aborted(e),
@@ -383,7 +399,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn read(&self) -> Result<ReadTx, StoreError> {
-        Ok(ReadTx::new(self.engine.snapshot()?, self.clone()))
+        Ok(ReadTx::new(self.engine().snapshot()?, self.clone()))
     }
 
     /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
@@ -393,7 +409,7 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn evict_expired(&self, limit: usize) -> Result<Evicted, StoreError> {
-        let evicted = self.engine.evict(limit)?;
+        let evicted = self.engine().evict(limit)?;
         tracing::debug!(
             removed = evicted.removed,
             tombstones_removed = evicted.tombstones_removed,
@@ -404,23 +420,31 @@ impl Store {
     }
 
     /// The store's state and activity: records by state (from the indexes, in constant time),
-    /// the log, and counters since open. For monitoring, it never waits for the writer (a
-    /// stats endpoint must not hang behind a busy one): the records by state are as of the
-    /// last publish of acknowledged writes to redb, a few milliseconds behind at most under
-    /// load. [`Store::counts`] is exact (it asks the writer to publish first).
+    /// the log, its health, and counters since open. For monitoring, it never waits for the
+    /// writer (a stats endpoint must not hang behind a busy one): the records by state are as
+    /// of the last publish of acknowledged writes to redb, a few milliseconds behind at most
+    /// under load. [`Store::counts`] is exact (it asks the writer to publish first).
+    ///
+    /// It answers while the store is poisoned too ([`Stats::poisoned`] says why); only while
+    /// the file itself cannot be read are the records by state missing (zero).
     ///
     /// # Errors
-    /// [`StoreError`] if storage fails or the store is poisoned.
+    /// [`StoreError`] if a record the stats read is corrupt.
     pub fn stats(&self) -> Result<Stats, StoreError> {
-        let txn = self.engine.published_snapshot()?;
-        let counts = self.counts_in(&txn)?;
-        let now = self.engine.config().clock.now();
-        let oldest_in_progress = self
-            .first_in_progress(&txn)?
-            .map(|created_at| now.saturating_since(created_at));
-        let c = self.engine.counters();
+        let now = self.engine().config().clock.now();
+        let published = self.engine().with_published(|txn| {
+            let counts = self.counts_in(txn)?;
+            let first = self.first_in_progress(txn)?;
+            Ok((counts, first))
+        });
+        let (counts, first) = match published {
+            Ok(found) => found,
+            Err(e @ StoreError::CorruptRecord { .. }) => return Err(e),
+            Err(_) => (Counts::default(), None),
+        };
+        let c = self.engine().counters();
         let since_checkpoint =
-            (self.engine.config().durability == crate::Durability::Wal).then(|| {
+            (self.engine().config().durability == crate::Durability::Wal).then(|| {
                 let last = c
                     .last_checkpoint_ms
                     .load(std::sync::atomic::Ordering::Relaxed);
@@ -428,16 +452,19 @@ impl Store {
                     .elapsed()
                     .saturating_sub(Duration::from_millis(last))
             });
+        let loose_permissions = self.engine().loose_permissions().unwrap_or_default();
         Ok(Stats {
             in_progress: counts.lease_entries,
             completed: counts.expiry_entries,
             tombstones: counts.tombstone_entries,
-            oldest_in_progress,
+            oldest_in_progress: first.map(|created_at| now.saturating_since(created_at)),
             log_bytes_since_checkpoint: c
                 .log_since_checkpoint
                 .load(std::sync::atomic::Ordering::Relaxed),
             since_checkpoint,
-            waiting: self.engine.watchers().waiting(),
+            waiting: self.engine().watchers().waiting(),
+            poisoned: self.engine().writable().err().map(|e| e.to_string()),
+            loose_permissions,
             ..Stats::default()
         }
         .counted(c))
@@ -470,8 +497,16 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails, a record is corrupt, or the store is poisoned.
     pub fn abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
-        let now = self.engine.config().clock.now();
-        let txn = self.engine.snapshot()?;
+        let now = self.engine().config().clock.now();
+        self.engine()
+            .with_snapshot(|txn| Self::abandoned_in(txn, now, limit))
+    }
+
+    fn abandoned_in(
+        txn: &redb::ReadTransaction,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Abandoned>, StoreError> {
         let raw = |name| TableDefinition::<&[u8], &[u8]>::new(name);
         let leases = txn.open_table(raw(LEASES))?;
         let records = txn.open_table(raw(RECORDS))?;
@@ -517,9 +552,35 @@ impl Store {
         Ok(out)
     }
 
-    /// What opening found in the write-ahead log: frames replayed, a torn tail dropped, time.
-    pub fn recovery_report(&self) -> &RecoveryReport {
-        self.engine.recovery()
+    /// What the last recovery found in the write-ahead log (at open, or in place after a
+    /// failure): frames replayed, a torn tail dropped, time.
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.engine().recovery()
+    }
+
+    /// Recovers the store in place, as dropping it and opening the directory again would: the
+    /// redb file is closed and reopened, and the log past the last checkpoint is replayed into
+    /// it. Every acknowledged write is kept; requests wait meanwhile.
+    ///
+    /// A store recovers on its own after a failure (see
+    /// [`Builder::self_heal`](crate::Builder::self_heal)); this is for an operator or a
+    /// supervisor that wants it now, for example after freeing disk space, or with self-heal
+    /// off. It works on a poisoned store.
+    ///
+    /// # Errors
+    /// [`StoreError::Poisoned`] if recovering failed (the store stays poisoned: writes are
+    /// refused, and it tries again as `self_heal` says).
+    pub fn reopen(&self) -> Result<RecoveryReport, StoreError> {
+        self.engine().reopen()
+    }
+
+    /// `Ok` while the store accepts writes; the reason it refuses them otherwise (it is
+    /// poisoned and recovering). Cheap: for health checks and load shedding.
+    ///
+    /// # Errors
+    /// [`StoreError::Poisoned`] while writes are refused.
+    pub fn writable(&self) -> Result<(), StoreError> {
+        self.engine().writable()
     }
 
     /// Checkpoints now: makes everything acknowledged durable in redb itself and lets the log
@@ -531,7 +592,7 @@ impl Store {
     /// [`StoreError`] if the checkpoint fails (the store is then poisoned; the log still holds
     /// everything, and a reopen replays it).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
-        self.engine.call(|_, ctx| {
+        self.engine().call(|_, ctx| {
             ctx.need(Needs::Checkpointed);
             (Keep::Nothing, ())
         })
@@ -544,8 +605,8 @@ impl Store {
     /// # Errors
     /// [`CompactError::SnapshotOpen`] while a snapshot is open; storage errors.
     pub fn compact(&self) -> Result<Compacted, CompactError> {
-        let bytes_before = self.engine.db_len()?;
-        let result = self.engine.exclusive(|db| {
+        let bytes_before = self.engine().db_len()?;
+        let result = self.engine().exclusive(|db| {
             // redb compacts in passes; stop when a pass finds nothing more to move.
             for _ in 0..16 {
                 if !db.compact()? {
@@ -558,7 +619,7 @@ impl Store {
             Ok(()) => {
                 let compacted = Compacted {
                     bytes_before,
-                    bytes_after: self.engine.db_len()?,
+                    bytes_after: self.engine().db_len()?,
                 };
                 tracing::info!(
                     bytes_before = compacted.bytes_before,
@@ -577,12 +638,12 @@ impl Store {
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.
     pub fn counts(&self) -> Result<Counts, StoreError> {
-        self.counts_in(&self.engine.snapshot()?)
+        self.engine().with_snapshot(|txn| self.counts_in(txn))
     }
 
     fn counts_in(&self, txn: &redb::ReadTransaction) -> Result<Counts, StoreError> {
-        let registry = self.engine.registry();
-        let tables = self.engine.tables();
+        let registry = self.engine().registry();
+        let tables = self.engine().tables();
         let len = |id| registry.table(id).len(txn);
         Ok(Counts {
             records: len(tables.records)?,

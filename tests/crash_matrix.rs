@@ -106,3 +106,38 @@ fn io_errors_and_failed_syncs_at_random_points_keep_every_acknowledged_write() -
     println!("fault matrix: {cases} cases");
     Ok(())
 }
+
+/// A full disk at every disk operation of a workload, once, then space again: nothing
+/// acknowledged is lost, a request refused for lack of space is refused wholly ("not
+/// written"), and the store goes on serving without a restart (the harness runs the rest of
+/// the workload on the same store, checks it live, then restarts and crashes it).
+#[test]
+fn a_full_disk_at_any_operation_loses_nothing_and_service_resumes_without_a_restart()
+-> Result<(), String> {
+    let mut cases = 0u64;
+    let mut refused = 0u64;
+    for durability in [Durability::Wal, Durability::Redb] {
+        for seed in seeds() {
+            let ops = workload(seed ^ 0xd15c, STEPS, KEYS);
+            let mut case = CrashCase {
+                durability,
+                ops,
+                fault: Fault::None,
+                tear: Tear::Drop,
+            };
+            let clean = run(&case, seed)?;
+            for at in (1..=clean.disk_ops).step_by(stride() as usize) {
+                case.fault = Fault::FullAt(at);
+                let report = run(&case, seed)?;
+                refused += report.failed_steps as u64;
+                cases += 1;
+            }
+        }
+    }
+    println!("full-disk matrix: {cases} cases, {refused} requests refused and then served again");
+    assert!(
+        refused > cases / 10,
+        "the full disk hit too few requests ({refused} of {cases} cases) for the test to mean much"
+    );
+    Ok(())
+}

@@ -21,6 +21,10 @@ pub(crate) struct Counters {
     pub(crate) log_bytes: AtomicU64,
     /// Log checkpoints made (redb made durable, log segments freed).
     pub(crate) checkpoints: AtomicU64,
+    /// Epochs published: redb commits that made groups visible to readers.
+    pub(crate) epochs: AtomicU64,
+    /// In-place recoveries (the log replayed into redb, the file reopened if needed).
+    pub(crate) restores: AtomicU64,
     /// Milliseconds since the store opened at the last checkpoint (0: none yet).
     pub(crate) last_checkpoint_ms: AtomicU64,
     /// Log bytes written since the last checkpoint, as of the last epoch.
@@ -49,6 +53,8 @@ impl Default for Counters {
             requests: AtomicU64::default(),
             log_bytes: AtomicU64::default(),
             checkpoints: AtomicU64::default(),
+            restores: AtomicU64::default(),
+            epochs: AtomicU64::default(),
             last_checkpoint_ms: AtomicU64::default(),
             log_since_checkpoint: AtomicU64::default(),
             claims: AtomicU64::default(),

@@ -8,6 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::error::StoreError;
 use crate::tx::Tx;
+use crate::wal::RecoveryReport;
 
 use super::context::Context;
 
@@ -39,6 +40,66 @@ pub(crate) trait Job: Send {
     /// For jobs that asked for `Needs::Exclusive`: runs with the database to itself, after
     /// everything before it is published and checkpointed, before `finish`.
     fn exclusive(&mut self, _db: &mut redb::Database) {}
+    /// What the writer does with the job: run it in a group, or recover the store in place.
+    fn kind(&self) -> JobKind {
+        JobKind::Request
+    }
+    /// For [`JobKind::Reopen`] jobs: what the recovery found, before `finish`.
+    fn restored(&mut self, _report: &RecoveryReport) {}
+}
+
+/// What the writer does with a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobKind {
+    /// Runs inside a group's transaction.
+    Request,
+    /// Recovers the store in place (closes and reopens the file, replays the log) between
+    /// epochs; accepted while the store is poisoned.
+    Reopen,
+}
+
+/// `Store::reopen`: recover in place, answer what the recovery found.
+pub(crate) struct ReopenTask<S> {
+    report: Option<RecoveryReport>,
+    reply: S,
+}
+
+impl<S> ReopenTask<S>
+where
+    S: FnOnce(Result<RecoveryReport, StoreError>) + Send + 'static,
+{
+    pub(crate) fn boxed(reply: S) -> Box<dyn Job> {
+        Box::new(ReopenTask {
+            report: None,
+            reply,
+        })
+    }
+}
+
+impl<S> Job for ReopenTask<S>
+where
+    S: FnOnce(Result<RecoveryReport, StoreError>) + Send,
+{
+    fn run(&mut self, _tx: &mut Tx<'_>, _ctx: &mut Context<'_>) -> Keep {
+        Keep::Nothing
+    }
+
+    fn kind(&self) -> JobKind {
+        JobKind::Reopen
+    }
+
+    fn restored(&mut self, report: &RecoveryReport) {
+        self.report = Some(report.clone());
+    }
+
+    fn finish(self: Box<Self>, result: Result<(), StoreError>) {
+        let ReopenTask { report, reply } = *self;
+        reply(result.and_then(|()| {
+            report.ok_or(StoreError::Internal {
+                message: "a reopen was answered without running".into(),
+            })
+        }));
+    }
 }
 
 /// A job that needs the database to itself: `work` runs in `exclusive`.

@@ -11,8 +11,14 @@
 //! the writer appends the group itself: handing it over would only add a thread hop to the
 //! latency of a lone client.
 //!
-//! If a write or sync fails, every group not yet durable fails, the store is poisoned, and
-//! every later submission fails too.
+//! Two kinds of failure, which the writer handles differently:
+//! - A frame refused before its sync (a full disk): those groups and every group after them
+//!   fail with [`StoreError::NotWritten`] (later groups may rest on the refused ones); nothing
+//!   is poisoned. The writer rebuilds its transaction without them and [`resume`s]
+//!   (LogThread::resume) the log.
+//! - A failed sync: the frame's outcome is unknown. Its groups fail with
+//!   [`StoreError::OutcomeUnknown`], the store is poisoned, and the log takes nothing more; the
+//!   writer recovers the store from the log's files and starts a new log thread.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,8 +28,8 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::StoreError;
-use crate::wal::Log;
 use crate::wal::format::FRAME_HEADER_LEN;
+use crate::wal::{AppendError, Log};
 
 use super::counters::Counters;
 use super::job::Job;
@@ -35,8 +41,9 @@ const FRAME_BYTES: usize = 64 * 1024 * 1024;
 
 /// One group, handed from the writer to the log.
 pub(crate) struct Submission {
-    /// The group's encoded `Payload`, or `None` if it wrote nothing.
-    pub(crate) payload: Option<Vec<u8>>,
+    /// The group's encoded `Payload`, or `None` if it wrote nothing. Shared with the writer,
+    /// which keeps it until the epoch is published, to rebuild the epoch after a failure.
+    pub(crate) payload: Option<Arc<Vec<u8>>>,
     /// Its writes to the records table, for the overlay.
     pub(crate) records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     /// Its jobs, answered once it is durable.
@@ -52,7 +59,28 @@ pub(crate) enum Handoff {
     Inline,
 }
 
-#[derive(Debug, Default)]
+/// Why groups handed to the log did not all become durable.
+#[derive(Debug, Clone)]
+pub(crate) struct LogFailure {
+    /// The number (counted from 0 since the log thread started) of the first group that failed;
+    /// every group from it on failed too.
+    pub(crate) first: u64,
+    /// What each of them was answered.
+    pub(crate) error: StoreError,
+    /// Whether anything of them may be on disk.
+    pub(crate) outcome: FailedOutcome,
+}
+
+/// Whether a failed frame may have reached the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailedOutcome {
+    /// Refused before its sync: nothing of it is durable; the log can go on.
+    NotWritten,
+    /// Its sync failed: it may or may not be durable; the log must not be used again.
+    Unknown,
+}
+
+#[derive(Default)]
 struct State {
     /// Groups handed over by the writer.
     submitted: u64,
@@ -60,7 +88,12 @@ struct State {
     settled: u64,
     /// Sequence number of the last frame synced.
     last_seq: u64,
-    failed: Option<StoreError>,
+    failed: Option<LogFailure>,
+    /// Jobs of groups that failed: the writer answers them once it has rebuilt its epoch or
+    /// recovered, so that whoever hears of the failure and retries finds the log taking groups
+    /// again, and whoever hears "outcome unknown" reads the recovered state, never the one
+    /// before.
+    unanswered: Vec<Box<dyn Job>>,
 }
 
 /// What the log thread and the writer's inline path share.
@@ -87,6 +120,9 @@ impl LogThread {
         counters: Arc<Counters>,
         poison: Arc<Poison>,
     ) -> std::io::Result<LogThread> {
+        counters
+            .log_since_checkpoint
+            .store(log.since_checkpoint(), Ordering::Relaxed);
         let core = Arc::new(Core {
             state: Mutex::new(State {
                 last_seq: log.last_seq(),
@@ -132,16 +168,45 @@ impl LogThread {
         }
     }
 
-    /// Waits until every group handed over is durable. Returns the last frame's sequence
+    /// The number the next group handed over will get (see [`LogFailure::first`]).
+    pub(crate) fn next_number(&self) -> u64 {
+        self.core.state.lock().submitted
+    }
+
+    /// Waits until every group handed over is settled. Returns the last frame's sequence
     /// number, or the failure that stopped the log.
-    pub(crate) fn wait_durable(&self) -> Result<u64, StoreError> {
+    pub(crate) fn wait_durable(&self) -> Result<u64, LogFailure> {
         let mut state = self.core.state.lock();
-        while state.settled < state.submitted && state.failed.is_none() {
+        while state.settled < state.submitted {
             self.core.settled.wait(&mut state);
         }
         match &state.failed {
-            Some(e) => Err(e.clone()),
+            Some(failure) => Err(failure.clone()),
             None => Ok(state.last_seq),
+        }
+    }
+
+    /// Whether a failure stopped the log (the writer's cue to stop adding groups to an epoch).
+    pub(crate) fn failed(&self) -> bool {
+        self.core.state.lock().failed.is_some()
+    }
+
+    /// The jobs of groups that failed, for the writer to answer once it has recovered.
+    pub(crate) fn take_unanswered(&self) -> Vec<Box<dyn Job>> {
+        std::mem::take(&mut self.core.state.lock().unanswered)
+    }
+
+    /// After a failure that wrote nothing, once the writer has rebuilt its transaction without
+    /// the failed groups: take groups again. Call after [`LogThread::wait_durable`], with no
+    /// group in flight. A failure of unknown outcome stays: that log is done.
+    pub(crate) fn resume(&self) {
+        let mut state = self.core.state.lock();
+        if state
+            .failed
+            .as_ref()
+            .is_some_and(|f| f.outcome == FailedOutcome::NotWritten)
+        {
+            state.failed = None;
         }
     }
 
@@ -174,7 +239,7 @@ fn run(core: &Core, receiver: &Receiver<Submission>) {
         let mut bytes = 0;
         let mut next = Some(first);
         while let Some(submission) = next.take() {
-            bytes += submission.payload.as_ref().map_or(0, Vec::len);
+            bytes += submission.payload.as_ref().map_or(0, |p| p.len());
             batch.push(submission);
             if bytes < FRAME_BYTES {
                 next = receiver.try_recv().ok();
@@ -192,7 +257,7 @@ fn flush(core: &Core, batch: &mut Vec<Submission>) {
     }
     let failed = core.state.lock().failed.clone();
     let result = match failed {
-        Some(e) => Err(e),
+        Some(failure) => Err((failure.error, failure.outcome)),
         None => write(core, batch),
     };
     match &result {
@@ -201,32 +266,44 @@ fn flush(core: &Core, batch: &mut Vec<Submission>) {
                 .iter_mut()
                 .flat_map(|s| std::mem::take(&mut s.records)),
         ),
-        Err(e) => core.poison.set(&e.to_string()),
+        Err((e, FailedOutcome::Unknown)) => core.poison.set(e),
+        Err((_, FailedOutcome::NotWritten)) => {}
     }
     {
         let mut state = core.state.lock();
+        let first = state.settled;
         state.settled += batch.len() as u64;
         match &result {
             Ok(Some(seq)) => state.last_seq = *seq,
             Ok(None) => {}
-            Err(e) => {
-                state.failed.get_or_insert_with(|| e.clone());
+            Err((error, outcome)) => {
+                state.failed.get_or_insert_with(|| LogFailure {
+                    first,
+                    error: error.clone(),
+                    outcome: *outcome,
+                });
             }
         }
     }
-    core.settled.notify_all();
-    let answer = result.map(|_| ());
     let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
+    if result.is_err() {
+        // Answered by the writer once it has rebuilt or recovered: a caller that retries at
+        // once must find the log taking groups again, and read the state after the recovery.
+        core.state.lock().unanswered.extend(jobs);
+        core.settled.notify_all();
+        return;
+    }
+    core.settled.notify_all();
     Counters::add(&core.counters.requests, jobs.len() as u64);
     for job in jobs {
-        job.finish(answer.clone());
+        job.finish(Ok(()));
     }
 }
 
 /// Appends the frame for a batch: `varint(groups) ‖ payload ‖ payload ...`, which is the
 /// postcard encoding of a sequence of payloads. `Ok(None)` if no group wrote anything.
-fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, StoreError> {
-    let payloads: Vec<&Vec<u8>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
+fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, (StoreError, FailedOutcome)> {
+    let payloads: Vec<&Arc<Vec<u8>>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
     if payloads.is_empty() {
         return Ok(None);
     }
@@ -236,13 +313,16 @@ fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, StoreError> {
     for payload in payloads {
         frame.extend_from_slice(payload);
     }
-    let seq = core
-        .log
-        .lock()
-        .append(&frame)
-        .map_err(|e| StoreError::OutcomeUnknown {
-            cause: format!("writing the log failed: {e}").into(),
-        })?;
+    let seq = core.log.lock().append(&frame).map_err(|e| match e {
+        AppendError::NotWritten(source) => (
+            StoreError::not_written("writing the log", &source),
+            FailedOutcome::NotWritten,
+        ),
+        AppendError::Unknown(source) => (
+            StoreError::outcome_unknown("syncing the log", &source),
+            FailedOutcome::Unknown,
+        ),
+    })?;
     let written = (frame.len() + FRAME_HEADER_LEN) as u64;
     Counters::add(&core.counters.log_bytes, written);
     core.since_checkpoint.fetch_add(written, Ordering::Relaxed);

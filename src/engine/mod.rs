@@ -4,8 +4,11 @@
 //! transactions directly and never wait for the writer. It must never answer a job before the
 //! job's group is durable.
 
+mod backoff;
+mod catch_up;
 pub(crate) mod context;
 pub(crate) mod counters;
+mod database;
 pub(crate) mod job;
 pub(crate) mod lifecycle;
 mod log_thread;
@@ -22,24 +25,24 @@ mod writer;
 
 use std::sync::Arc;
 
-use parking_lot::RwLock;
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::{JoinHandle, ThreadId};
-use std::time::Instant;
 
 use redb::{Database, ReadableDatabase, TableDefinition};
 
-use crate::config::{Config, Durability};
-use crate::error::{OpenError, RecoveryError, StoreError};
+use crate::config::Config;
+use crate::error::{OpenError, StoreError};
 use crate::record::Record;
 use crate::scope::Scope;
-use crate::storage::{LogDir, Storage};
-use crate::wal::{self, Log, RecoveryReport};
+use crate::storage::Storage;
+use crate::wal::RecoveryReport;
 
 use self::context::Needs;
 use self::counters::Counters;
-use self::job::{ExclusiveTask, Job, Keep, Task, Work};
+use self::database::DbSlot;
+use self::job::{ExclusiveTask, Job, Keep, ReopenTask, Task, Work};
 use self::log_thread::LogThread;
 use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
@@ -51,16 +54,12 @@ use self::writer::Writer;
 /// gather while one is being synced, and back-pressure beyond it.
 const QUEUE_PER_BATCH: usize = 4;
 
-/// Frames replayed per redb transaction during recovery (committed without a sync; the final
-/// checkpoint makes them durable together).
-const REPLAY_FRAMES_PER_TXN: u64 = 4096;
-
 /// What the engine's handle and its writer thread both hold.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
-    /// Read-locked only for the instant a transaction begins; write-locked by the writer
-    /// for compaction, which needs the database to itself.
-    pub(crate) db: Arc<RwLock<Database>>,
+    /// The redb file. Readers hold its lock only while they read; the writer takes it to
+    /// compact, and to close and reopen the file when it recovers in place.
+    pub(crate) db: Arc<DbSlot>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) tables: InternalTables,
     pub(crate) config: Arc<Config>,
@@ -70,13 +69,14 @@ pub(crate) struct Shared {
     pub(crate) overlay: Arc<Overlay>,
     /// Claims held and callers waiting, per scope, in this process.
     pub(crate) watchers: Arc<watchers::Watchers>,
+    /// What the last recovery (at open, or in place) found in the log.
+    pub(crate) recovery: Arc<Mutex<RecoveryReport>>,
 }
 
 #[derive(Debug)]
 pub(crate) struct Engine {
     shared: Shared,
     storage: Storage,
-    recovery: RecoveryReport,
     /// The background sweeper, once started (it needs the engine's `Arc`).
     sweeper: parking_lot::Mutex<Option<sweeper::Sweeper>>,
     /// `None` only while dropping: closing it is what stops the writer.
@@ -92,39 +92,19 @@ impl Engine {
         registry: Registry,
         tables: InternalTables,
     ) -> Result<Engine, OpenError> {
+        check_permissions(&storage, &config)?;
         let db = storage.database()?;
-        let checkpoint = meta::set_up(&db, &registry, &storage.db_path())?.log_checkpoint;
-
+        meta::set_up(&db, &registry, &storage.db_path())?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.
-        let log_dir = match config.durability {
-            Durability::Wal => Some(storage.log_dir()?),
-            Durability::Redb => storage.existing_log_dir()?,
-        };
-        let mut log_start = None;
-        let mut recovery = RecoveryReport::default();
-        if let Some(dir) = log_dir {
-            let (report, start) =
-                replay(&db, &registry, dir.as_ref(), &storage, &config, checkpoint)?;
-            recovery = report;
-            if config.durability == Durability::Wal {
-                let log = Log::start(dir, start).map_err(|source| OpenError::Io {
-                    path: storage.log_path(),
-                    source,
-                })?;
-                log_start = Some(log);
-            }
-        }
-        let next_fence = meta::load(&db)?.next_fence;
+        let caught_up = catch_up::catch_up(&db, &registry, &storage, &config)?;
 
-        let db = Arc::new(RwLock::new(db));
         let registry = Arc::new(registry);
         let config = Arc::new(config);
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
         let overlay = Arc::new(Overlay::default());
-        let watchers = Arc::new(watchers::Watchers::default());
-        let log_thread = match log_start {
+        let log_thread = match caught_up.log {
             Some(log) => Some(
                 LogThread::start(log, overlay.clone(), counters.clone(), poison.clone())
                     .map_err(OpenError::Thread)?,
@@ -133,16 +113,23 @@ impl Engine {
         };
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let shared = Shared {
-            db,
+            db: Arc::new(DbSlot::new(db)),
             registry,
             tables,
             config,
             poison,
             counters,
             overlay,
-            watchers,
+            watchers: Arc::new(watchers::Watchers::default()),
+            recovery: Arc::new(Mutex::new(caught_up.report)),
         };
-        let writer = Writer::new(shared.clone(), next_fence, receiver, log_thread);
+        let writer = Writer::new(
+            shared.clone(),
+            storage.clone(),
+            caught_up.next_fence,
+            receiver,
+            log_thread,
+        );
         let handle = std::thread::Builder::new()
             .name("idemstore-writer".into())
             .spawn(move || writer.run())
@@ -150,7 +137,6 @@ impl Engine {
         Ok(Engine {
             shared,
             storage,
-            recovery,
             sweeper: parking_lot::Mutex::new(None),
             queue: Some(queue),
             writer_id: handle.thread().id(),
@@ -166,6 +152,26 @@ impl Engine {
             *self.sweeper.lock() = Some(sweeper);
         }
         Ok(())
+    }
+
+    /// Stops the sweeper and waits for its pass in progress, so that it no longer holds the
+    /// engine. Called when the last `Store` handle goes, before the engine is dropped. On the
+    /// writer thread (a closure dropped the last handle) it does not wait: the sweeper may be
+    /// waiting for the writer.
+    pub(crate) fn stop_sweeper(&self) {
+        let sweeper = self.sweeper.lock().take();
+        if let Some(sweeper) = sweeper {
+            if std::thread::current().id() == self.writer_id {
+                sweeper.detach();
+            } else {
+                drop(sweeper);
+            }
+        }
+    }
+
+    /// The store's files and directories that other users may read.
+    pub(crate) fn loose_permissions(&self) -> std::io::Result<Vec<crate::storage::LooseFile>> {
+        self.storage.loose_permissions()
     }
 
     pub(crate) fn watchers(&self) -> &watchers::Watchers {
@@ -184,8 +190,24 @@ impl Engine {
         self.shared.tables
     }
 
-    pub(crate) fn recovery(&self) -> &RecoveryReport {
-        &self.recovery
+    /// What the last recovery (at open, or in place) found in the log.
+    pub(crate) fn recovery(&self) -> RecoveryReport {
+        self.shared.recovery.lock().clone()
+    }
+
+    /// Recovers in place, as a reopen of the directory would (see `writer::restore`): after
+    /// any failure, even while poisoned.
+    pub(crate) fn reopen(&self) -> Result<RecoveryReport, StoreError> {
+        let (answer, receiver) = sync_channel(1);
+        self.send(ReopenTask::boxed(move |result| {
+            let _ = answer.send(result);
+        }))?;
+        receiver.recv().map_err(|_| self.stopped())?
+    }
+
+    /// Whether writes are refused now, and why: the poison, if any.
+    pub(crate) fn writable(&self) -> Result<(), StoreError> {
+        self.shared.poison.check()
     }
 
     /// Runs `work` on the writer with the database to itself, after everything acknowledged
@@ -242,7 +264,6 @@ impl Engine {
         let job = Task::boxed(work, move |result| {
             let _ = answer.send(result);
         });
-        self.shared.poison.check()?;
         let queue = self.queue.as_ref().ok_or(StoreError::Closed)?.clone();
         self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
         let sent = match queue.try_send(job) {
@@ -261,8 +282,15 @@ impl Engine {
         receiver.await.map_err(|_| self.stopped())?
     }
 
+    /// Queues a job for the writer. A poisoned store's writer refuses it when it comes to it,
+    /// not here: a request sent right after a failure is then answered by a store that has
+    /// already recovered in place, rather than refused in a race with the recovery.
     fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
-        self.shared.poison.check()?;
+        self.send(job)
+    }
+
+    /// Queues a job for the writer.
+    fn send(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
         if std::thread::current().id() == self.writer_id {
             return Err(StoreError::Reentrant);
         }
@@ -290,56 +318,75 @@ impl Engine {
     /// A redb snapshot that includes every acknowledged write: if durable groups are not yet
     /// published to redb, the writer publishes them first.
     pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
-        self.shared.poison.check()?;
         if self.shared.overlay.is_unpublished() {
             self.call(|_, ctx| {
                 ctx.need(Needs::Published);
                 (Keep::Nothing, ())
             })?;
         }
-        Ok(self.shared.db.read().begin_read()?)
+        Ok(self.shared.db.read(&self.shared.poison)?.begin_read()?)
     }
 
-    /// A redb snapshot of what is published, without asking the writer for anything: at most
-    /// one epoch behind the acknowledged state. For monitoring.
-    pub(crate) fn published_snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
-        self.shared.poison.check()?;
-        Ok(self.shared.db.read().begin_read()?)
+    /// Runs `read` on a redb snapshot of what is published, without asking the writer for
+    /// anything: at most one epoch behind the acknowledged state. For monitoring. The file
+    /// stays locked for reading meanwhile, so a compaction waits for it to finish rather than
+    /// fail on its snapshot.
+    pub(crate) fn with_published<T>(
+        &self,
+        read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let db = self.shared.db.read(&self.shared.poison)?;
+        let txn = db.begin_read()?;
+        read(&txn)
+    }
+
+    /// Runs `read` on a snapshot that includes every acknowledged write (see
+    /// [`Engine::snapshot`]), holding the file as [`Engine::with_published`] does.
+    pub(crate) fn with_snapshot<T>(
+        &self,
+        read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if self.shared.overlay.is_unpublished() {
+            self.call(|_, ctx| {
+                ctx.need(Needs::Published);
+                (Keep::Nothing, ())
+            })?;
+        }
+        self.with_published(read)
     }
 
     /// The stored record of a scope (expired records included): from the overlay if a durable
-    /// group not yet published wrote it, else from a redb read transaction.
+    /// group not yet published wrote it, else from a redb read transaction. Answered while the
+    /// store is poisoned too: reads never depend on the writer.
     pub(crate) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        self.shared.poison.check()?;
         // The overlay first, then redb: the writer publishes (commits) before it clears the
         // overlay, so a record missing here is in any snapshot begun after this lookup.
         if let Some(found) = self.overlaid(scope) {
             return found;
         }
-        record_in(&self.shared.db.read(), scope)
+        record_in(&*self.shared.db.read(&self.shared.poison)?, scope)
     }
 
     /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
-    /// exclusively (by a compaction). For async callers, whose runtime worker must not wait
-    /// that long; a read of cached pages takes microseconds.
+    /// exclusively (by a compaction or a reopen). For async callers, whose runtime worker must
+    /// not wait that long; a read of cached pages takes microseconds.
     #[cfg(feature = "tokio")]
     pub(crate) fn try_read_record(
         &self,
         scope: &Scope,
     ) -> Option<Result<Option<Record>, StoreError>> {
-        if let Err(e) = self.shared.poison.check() {
-            return Some(Err(e));
-        }
         if let Some(found) = self.overlaid(scope) {
             return Some(found);
         }
-        let db = self.shared.db.try_read()?;
-        Some(record_in(&db, scope))
+        Some(match self.shared.db.try_read(&self.shared.poison)? {
+            Ok(db) => record_in(&db, scope),
+            Err(e) => Err(e),
+        })
     }
 
     /// Holds the file as a compaction does, for tests of what waits on it.
     #[cfg(all(test, feature = "tokio"))]
-    pub(crate) fn hold_exclusively(&self) -> parking_lot::RwLockWriteGuard<'_, Database> {
+    pub(crate) fn hold_exclusively(&self) -> parking_lot::RwLockWriteGuard<'_, Option<Database>> {
         self.shared.db.write()
     }
 
@@ -351,6 +398,30 @@ impl Engine {
             Overlaid::Absent => None,
         }
     }
+}
+
+/// Warns about (or refuses) an existing store that other users may read.
+fn check_permissions(storage: &Storage, config: &Config) -> Result<(), OpenError> {
+    let loose = storage
+        .loose_permissions()
+        .map_err(|source| OpenError::Io {
+            path: storage.db_path(),
+            source,
+        })?;
+    if loose.is_empty() {
+        return Ok(());
+    }
+    if config.loose_permissions == crate::config::LoosePermissions::Refuse {
+        return Err(OpenError::LoosePermissions { files: loose });
+    }
+    for file in &loose {
+        tracing::warn!(
+            path = %file.path.display(),
+            mode = format!("{:o}", file.mode),
+            "a file of the store is readable by other users: stored responses may leak; chmod 700 the directories and 600 the files"
+        );
+    }
+    Ok(())
 }
 
 /// The scope's record in redb's published state.
@@ -370,61 +441,6 @@ fn decode_record(scope: &Scope, bytes: &[u8]) -> Result<Option<Record>, StoreErr
             scope: scope.to_string(),
             source,
         })
-}
-
-/// Replays the log past `checkpoint` into redb, then makes redb durable with quick-repair and
-/// records the new checkpoint, so the log's files may be reused. Returns the report and where
-/// the next log starts.
-fn replay(
-    db: &Database,
-    registry: &Registry,
-    dir: &dyn LogDir,
-    storage: &Storage,
-    config: &Config,
-    checkpoint: u64,
-) -> Result<(RecoveryReport, wal::LogStart), OpenError> {
-    let path = storage.log_path();
-    let apply_error = |e: redb::Error| OpenError::Recovery(RecoveryError::Apply(e));
-    let begin = || -> Result<redb::WriteTransaction, redb::Error> {
-        let mut txn = db.begin_write()?;
-        txn.set_durability(redb::Durability::None)?;
-        Ok(txn)
-    };
-    let mut txn = Some(begin().map_err(apply_error)?);
-    let mut in_txn = 0u64;
-    let recovered = wal::recover(dir, &path, checkpoint, config.segment_bytes, &mut |frame| {
-        let current = match txn.as_ref() {
-            Some(current) => current,
-            None => txn.insert(begin().map_err(RecoveryError::Apply)?),
-        };
-        wal::replay_frame(registry, current, frame, &path)?;
-        in_txn += 1;
-        if in_txn == REPLAY_FRAMES_PER_TXN {
-            if let Some(full) = txn.take() {
-                full.commit().map_err(|e| RecoveryError::Apply(e.into()))?;
-            }
-            in_txn = 0;
-        }
-        Ok(())
-    })?;
-    let mut txn = match txn {
-        Some(txn) => txn,
-        None => begin().map_err(apply_error)?,
-    };
-    if recovered.last_seq == checkpoint {
-        txn.abort().map_err(|e| apply_error(e.into()))?;
-    } else {
-        let started = Instant::now();
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(|e| apply_error(e.into()))?;
-        txn.set_quick_repair(true);
-        meta::set_log_checkpoint(&txn, recovered.last_seq).map_err(apply_error)?;
-        txn.commit().map_err(|e| apply_error(e.into()))?;
-        let mut report = recovered.report;
-        report.duration += started.elapsed();
-        return Ok((report, recovered.start));
-    }
-    Ok((recovered.report, recovered.start))
 }
 
 impl Drop for Engine {

@@ -1,7 +1,8 @@
 //! The background sweeper: evicts expired records every so often, in bounded batches.
 //!
-//! It holds only a weak reference to the engine, so it never keeps a store alive, and it stops
-//! as soon as the store is dropped (dropping closes its channel, which ends its wait at once).
+//! It holds only a weak reference to the engine between passes, so it never keeps a store
+//! alive, and it stops as soon as the store is dropped: the store's last handle stops it and
+//! waits for a pass in progress, before the engine (and its file) is closed.
 
 use std::sync::Weak;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
@@ -37,6 +38,14 @@ impl Sweeper {
             thread_id: thread.thread().id(),
             thread: Some(thread),
         })
+    }
+}
+
+impl Sweeper {
+    /// Stops the thread without waiting for it.
+    pub(crate) fn detach(mut self) {
+        self.stop = None;
+        self.thread = None;
     }
 }
 

@@ -9,10 +9,33 @@
 //! a checkpoint. Records written by durable but unpublished groups are served from the overlay.
 //! In `Redb` mode an epoch is one group and its durable commit.
 //!
-//! A failure to make work durable fails every request waiting on it and poisons the store.
+//! # The epoch invariant
+//!
+//! Once a group is handed to the log, its writes reach redb, or the store is poisoned and
+//! recovers them from the log. Nothing may break it, because a group is acknowledged as soon as
+//! its frame is synced, before the epoch is published. So a failure part way through an epoch
+//! never simply drops the transaction:
+//!
+//! - a request that fails or panics inside its own work keeps nothing (its write set is
+//!   dropped) and touches nothing else;
+//! - a clock that fails before a group fails only that group's requests, before any of them
+//!   ran, and the epoch is published as it stands;
+//! - a group whose writes fail to apply (a redb error, a panicking key type), or that the log
+//!   refuses before its sync (a full disk), leaves the transaction holding writes that must not
+//!   be published: the writer **rebuilds** the epoch in a fresh transaction from the payloads
+//!   of the groups that are durable, and fails the rest with [`StoreError::NotWritten`] (or the
+//!   error that stopped them);
+//! - a failed log sync (outcome unknown), a failed redb commit or a failed rebuild **restores**
+//!   the store in place: the redb file is reopened if redb latched the error, and the log is
+//!   replayed into it, exactly as a reopen of the directory would. Until that succeeds the store
+//!   is poisoned: writes are refused, reads are still answered.
+//!
+//! A failed checkpoint wrote nothing the log does not also hold: the store restores redb in
+//! place and tries the checkpoint again later, with backoff.
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
@@ -20,17 +43,19 @@ use std::time::{Duration, Instant};
 use redb::WriteTransaction;
 
 use crate::clock::Timestamp;
-use crate::config::Durability;
+use crate::config::{Durability, SelfHeal};
 use crate::error::StoreError;
+use crate::storage::Storage;
 use crate::tx::Tx;
-use crate::wal;
+use crate::wal::{self, RecoveryReport};
 
 use super::Shared;
+use super::backoff::Backoff;
+use super::catch_up::{self, CaughtUp};
 use super::context::{Context, Needs};
 use super::counters::Counters;
-use super::job::{Job, Keep, panic_message};
-use super::log_thread::{Handoff, LogThread, Submission};
-use super::meta;
+use super::job::{Job, JobKind, Keep, panic_message};
+use super::log_thread::{FailedOutcome, Handoff, LogFailure, LogThread, Submission};
 use super::open_tables::OpenTables;
 use super::poison::PanicGuard;
 use super::write_set::WriteSet;
@@ -45,6 +70,9 @@ const LINGER: Duration = Duration::from_micros(300);
 const EPOCH_TIME: Duration = Duration::from_millis(20);
 /// Write-set bytes after which an epoch is published.
 const EPOCH_BYTES: u64 = 32 * 1024 * 1024;
+/// The first wait before a failed checkpoint is tried again; it doubles up to the last.
+const CHECKPOINT_RETRY: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(30));
 
 /// What one group did.
 #[derive(Debug)]
@@ -54,32 +82,96 @@ struct GroupOutcome {
     bytes: u64,
     needs: Needs,
     /// In `Wal` mode: the encoded payload for the log (if it wrote anything) and its records.
-    payload: Option<Vec<u8>>,
+    payload: Option<Arc<Vec<u8>>>,
     records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+}
+
+/// One epoch while it runs: what it wrote, and what it must answer once published.
+struct Epoch {
+    started: Instant,
+    bytes: u64,
+    changed: bool,
+    needs: Needs,
+    /// The payloads of the groups handed to the log, with their numbers: what a rebuild
+    /// re-applies.
+    logged: Vec<(u64, Arc<Vec<u8>>)>,
+    /// Jobs answered once the epoch is published, with the number of the group they ran in.
+    after_publish: Vec<(u64, Box<dyn Job>)>,
+    /// Set when a group's writes failed to apply: the transaction holds part of them.
+    tainted: Option<StoreError>,
+}
+
+impl Epoch {
+    fn new() -> Self {
+        Epoch {
+            started: Instant::now(),
+            bytes: 0,
+            changed: false,
+            needs: Needs::Durable,
+            logged: Vec::new(),
+            after_publish: Vec::new(),
+            tainted: None,
+        }
+    }
+}
+
+/// Whether recovering in place reopens the redb file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reopen {
+    /// Only if redb latched an error (it then refuses everything until reopened).
+    IfNeeded,
+    /// Always: `Store::reopen`, and after a panic inside redb.
+    Always,
 }
 
 pub(crate) struct Writer {
     shared: Shared,
+    storage: Storage,
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
-    /// The log thread, in `Wal` mode.
+    /// The log thread, in `Wal` mode (`None` only while a restore failed).
     log: Option<LogThread>,
     last_checkpoint: Instant,
+    /// After a failed checkpoint, when to try again.
+    checkpoint_retry: Backoff,
+    /// While poisoned, when to try recovering in place again.
+    heal_retry: Backoff,
 }
 
 impl Writer {
     pub(crate) fn new(
         shared: Shared,
+        storage: Storage,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
         log: Option<LogThread>,
     ) -> Self {
-        Writer {
+        let heal = match shared.config.self_heal {
+            SelfHeal::Backoff { first, max } => (first, max),
+            SelfHeal::Off => (Duration::MAX, Duration::MAX),
+        };
+        let mut writer = Writer {
             shared,
+            storage,
             next_fence,
             queue,
             log,
             last_checkpoint: Instant::now(),
+            checkpoint_retry: Backoff::new(CHECKPOINT_RETRY.0, CHECKPOINT_RETRY.1),
+            heal_retry: Backoff::new(heal.0, heal.1),
+        };
+        writer.checkpoint_soon_if_replayed();
+        writer
+    }
+
+    /// Frames replayed at open (or by a restore) are in redb without a sync, and their segments
+    /// cannot be reused until a checkpoint: take one at the first chance.
+    fn checkpoint_soon_if_replayed(&mut self) {
+        if self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0) {
+            let interval = self.shared.config.checkpoint_interval;
+            self.last_checkpoint = Instant::now()
+                .checked_sub(interval)
+                .unwrap_or_else(Instant::now);
         }
     }
 
@@ -96,7 +188,7 @@ impl Writer {
             // checkpoint part way through): those start the next epoch at once, never wait for
             // a new request to arrive.
             if group.is_empty() {
-                let first = match self.checkpoint_due_in() {
+                let first = match self.next_timer() {
                     None => match self.queue.recv() {
                         Ok(job) => job,
                         Err(_) => break,
@@ -104,7 +196,7 @@ impl Writer {
                     Some(wait) => match self.queue.recv_timeout(wait) {
                         Ok(job) => job,
                         Err(RecvTimeoutError::Timeout) => {
-                            self.checkpoint_if_due();
+                            self.timers();
                             continue;
                         }
                         Err(RecvTimeoutError::Disconnected) => break,
@@ -114,8 +206,18 @@ impl Writer {
                 group.push_back(first);
             }
             self.drain(&mut group);
-            self.epoch(&mut group);
-            self.checkpoint_if_due();
+            self.reopen_if_asked(&mut group);
+            // A panic here is a bug in the store or in code it calls outside a request (a key
+            // type's ordering while a group is applied is caught closer). The jobs it held are
+            // dropped, and their callers see the poison; the writer recovers and goes on.
+            if let Err(panic) = catch_unwind(AssertUnwindSafe(|| self.epoch(&mut group))) {
+                let e = StoreError::Internal {
+                    message: format!("the writer panicked: {}", panic_message(panic.as_ref())),
+                };
+                self.shared.poison.set(&e);
+                self.heal(Reopen::Always);
+            }
+            self.timers();
         }
         if self.shared.poison.check().is_ok()
             && self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0)
@@ -137,6 +239,33 @@ impl Writer {
         self.received(group.len() - before);
     }
 
+    /// Recovers in place if `Store::reopen` asked for it (such jobs are taken out of the
+    /// group), and answers those requests.
+    fn reopen_if_asked(&mut self, group: &mut VecDeque<Box<dyn Job>>) {
+        if !group.iter().any(|job| job.kind() == JobKind::Reopen) {
+            return;
+        }
+        let (mut reopens, rest): (Vec<_>, Vec<_>) = group
+            .drain(..)
+            .partition(|job| job.kind() == JobKind::Reopen);
+        group.extend(rest);
+        let result = match self.restore(Reopen::Always) {
+            Ok(report) => {
+                self.heal_retry.reset();
+                for job in &mut reopens {
+                    job.restored(&report);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.shared.poison.set(&e);
+                self.heal_retry.failed();
+                Err(e)
+            }
+        };
+        self.answer(reopens, &result);
+    }
+
     /// Counts jobs taken off the queue.
     fn received(&self, n: usize) {
         self.shared.counters.queued.fetch_sub(n, Ordering::Relaxed);
@@ -156,115 +285,171 @@ impl Writer {
         }
     }
 
-    /// Fails the whole epoch: poisons the store for storage failures, and answers every job.
-    fn fail(&self, e: StoreError, jobs: impl IntoIterator<Item = Box<dyn Job>>) {
-        if matches!(e, StoreError::Redb(_) | StoreError::OutcomeUnknown { .. }) {
-            self.shared.poison.set(&e.to_string());
-        }
-        self.answer(jobs, &Err(e));
-    }
-
     /// Runs groups in one redb transaction until the epoch ends, then publishes it.
     fn epoch(&mut self, group: &mut VecDeque<Box<dyn Job>>) {
+        if self.shared.poison.check().is_err() && self.heal_due() {
+            // Requests are waiting: try recovering now rather than refuse them.
+            self.heal(Reopen::IfNeeded);
+        }
         if let Err(e) = self.shared.poison.check() {
-            self.fail(e, group.drain(..));
-            return;
+            return self.answer(group.drain(..), &Err(e));
         }
         let txn = match self.begin_txn() {
             Ok(txn) => txn,
-            Err(e) => return self.fail(e, group.drain(..)),
+            Err(e) => {
+                // Nothing of these requests ran; redb itself failed and is reopened.
+                self.answer(group.drain(..), &Err(e));
+                return self.heal(Reopen::IfNeeded);
+            }
         };
-        let mut open = match OpenTables::open(&txn, &self.shared.registry, self.shared.tables) {
+        let mut epoch = Epoch::new();
+        self.run_groups(&txn, group, &mut epoch);
+        self.publish(txn, epoch);
+    }
+
+    /// Runs groups and hands each to the log, until the epoch should end.
+    fn run_groups(
+        &mut self,
+        txn: &WriteTransaction,
+        group: &mut VecDeque<Box<dyn Job>>,
+        epoch: &mut Epoch,
+    ) {
+        let mut open = match OpenTables::open(txn, &self.shared.registry, self.shared.tables) {
             Ok(open) => open,
-            Err(e) => return self.fail(e.into(), group.drain(..)),
+            Err(e) => {
+                let e = StoreError::from(e);
+                self.answer(group.drain(..), &Err(e.clone()));
+                epoch.tainted = Some(e);
+                return;
+            }
         };
-        let started = Instant::now();
-        let mut bytes = 0u64;
-        let mut changed = false;
-        let mut needs = Needs::Durable;
-        // Jobs answered only once the epoch is published (all of them in Redb mode).
-        let mut after_publish: Vec<Box<dyn Job>> = Vec::new();
         loop {
-            let mut done = Vec::with_capacity(group.len());
-            let outcome = match self.run_group(&txn, &mut open, group, &mut done) {
-                Ok(outcome) => {
-                    self.shared.counters.group(done.len());
-                    outcome
-                }
+            // The clock is read before any request of the group runs: if it fails, nothing of
+            // the group happened, and the groups before it stand.
+            let now = match self.now() {
+                Ok(now) => now,
                 Err(e) => {
-                    drop(open);
-                    drop(txn);
-                    let waiting = after_publish.into_iter().chain(done).chain(group.drain(..));
-                    return self.fail(e, waiting);
+                    self.answer(group.drain(..), &Err(e));
+                    break;
                 }
             };
-            changed |= outcome.changed;
-            bytes += outcome.bytes;
-            needs = needs.max(outcome.needs);
-            // With more requests waiting, the log thread syncs while the writer goes on; with
-            // none, the writer appends itself rather than add a thread hop.
-            let handoff =
-                if group.is_empty() && self.shared.counters.queued.load(Ordering::Relaxed) == 0 {
-                    Handoff::Inline
-                } else {
-                    Handoff::Overlap
-                };
-            match self.log.as_ref() {
-                // Answered once it (and everything before it) is durable and its records are
-                // in the overlay.
-                Some(log) if outcome.needs == Needs::Durable => log.submit(
-                    Submission {
-                        payload: outcome.payload,
-                        records: outcome.records,
-                        jobs: done,
-                    },
-                    handoff,
-                ),
-                // Logged now, answered once the epoch is published.
-                Some(log) => {
-                    log.submit(
-                        Submission {
-                            payload: outcome.payload,
-                            records: outcome.records,
-                            jobs: Vec::new(),
-                        },
-                        handoff,
-                    );
-                    after_publish.extend(done);
+            let mut done = Vec::with_capacity(group.len());
+            let outcome = match self.run_group(txn, &mut open, group, &mut done, now) {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // The group's writes are partly in the transaction and in no log: its
+                    // requests fail (nothing of them is kept) and the epoch is rebuilt.
+                    self.answer(done, &Err(e.clone()));
+                    epoch.tainted = Some(e);
+                    break;
                 }
-                None => after_publish.extend(done),
+            };
+            self.shared.counters.group(done.len());
+            epoch.changed |= outcome.changed;
+            epoch.bytes += outcome.bytes;
+            epoch.needs = epoch.needs.max(outcome.needs);
+            self.hand_off(outcome, done, group, epoch);
+            if self.log.as_ref().is_some_and(LogThread::failed) {
+                // Later groups would rest on one that failed.
+                break;
             }
-            let checkpoint_due = self
-                .log
-                .as_ref()
-                .is_none_or(|log| log.since_checkpoint() >= self.shared.config.checkpoint_bytes);
+            let checkpoint_due = self.log.as_ref().is_none_or(|log| {
+                log.since_checkpoint() >= self.shared.config.checkpoint_bytes
+                    && self.checkpoint_retry.due()
+            });
             if checkpoint_due && self.log.is_some() {
-                needs = needs.max(Needs::Checkpointed);
+                epoch.needs = epoch.needs.max(Needs::Checkpointed);
             }
             let more = !checkpoint_due
-                && needs == Needs::Durable
-                && bytes < EPOCH_BYTES
-                && started.elapsed() < EPOCH_TIME
+                && epoch.needs == Needs::Durable
+                && epoch.bytes < EPOCH_BYTES
+                && epoch.started.elapsed() < EPOCH_TIME
                 && (!group.is_empty() || self.linger(group));
             if !more {
                 break;
             }
         }
-        drop(open);
-        // Nothing may become visible before it is durable: wait for the log thread.
-        if let Some(log) = self.log.as_ref() {
-            if let Err(e) = log.wait_durable() {
-                drop(txn);
-                return self.fail(e, after_publish);
-            }
+    }
+
+    /// Gives a group to the log (`Wal`) or keeps its jobs for the publish (`Redb`).
+    fn hand_off(
+        &self,
+        outcome: GroupOutcome,
+        done: Vec<Box<dyn Job>>,
+        group: &VecDeque<Box<dyn Job>>,
+        epoch: &mut Epoch,
+    ) {
+        let Some(log) = self.log.as_ref() else {
+            epoch
+                .after_publish
+                .extend(done.into_iter().map(|job| (0, job)));
+            return;
+        };
+        let number = log.next_number();
+        if let Some(payload) = &outcome.payload {
+            epoch.logged.push((number, payload.clone()));
         }
-        // Wal: a commit without a sync (the log has every group). Redb: the durable commit that
-        // makes the group durable at all.
-        let published = if changed {
-            txn.commit()
-                .map_err(|e| self.unknown("the redb commit failed", &e))
+        // Answered once it (and everything before it) is durable and its records are in the
+        // overlay; or, for a request that needs more, once the epoch is published.
+        let jobs = if outcome.needs == Needs::Durable {
+            done
         } else {
-            txn.abort().map_err(StoreError::from)
+            epoch
+                .after_publish
+                .extend(done.into_iter().map(|job| (number, job)));
+            Vec::new()
+        };
+        // With more requests waiting, the log thread syncs while the writer goes on; with
+        // none, the writer appends itself rather than add a thread hop.
+        let handoff =
+            if group.is_empty() && self.shared.counters.queued.load(Ordering::Relaxed) == 0 {
+                Handoff::Inline
+            } else {
+                Handoff::Overlap
+            };
+        log.submit(
+            Submission {
+                payload: outcome.payload,
+                records: outcome.records,
+                jobs,
+            },
+            handoff,
+        );
+    }
+
+    /// Makes the epoch visible: waits for the log, commits what is durable (rebuilding or
+    /// restoring when the transaction holds what must not be published), then serves the
+    /// requests that asked for a publish, a checkpoint or the database to itself.
+    fn publish(&mut self, txn: WriteTransaction, mut epoch: Epoch) {
+        let failure: Option<LogFailure> = self.log.as_ref().and_then(|l| l.wait_durable().err());
+        // The jobs of the groups that failed, answered once this is over.
+        let unanswered = self
+            .log
+            .as_ref()
+            .map(LogThread::take_unanswered)
+            .unwrap_or_default();
+        let published = match (&failure, epoch.tainted.take()) {
+            (Some(f), _) if f.outcome == FailedOutcome::Unknown => {
+                // The log may hold more than was acknowledged, or less: only its files can say.
+                drop(txn);
+                self.restore_for_epoch(Reopen::IfNeeded)
+            }
+            (None, None) => self.commit(txn, &epoch),
+            (failure, _) => {
+                drop(txn);
+                let keep_below = failure.as_ref().map_or(u64::MAX, |f| f.first);
+                let rebuilt = self.rebuild(&epoch, keep_below);
+                if let Some(log) = self.log.as_ref() {
+                    log.resume();
+                }
+                match rebuilt {
+                    Ok(txn) => self.commit(txn, &epoch),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rebuilding an epoch failed; recovering from the log");
+                        self.restore_for_epoch(Reopen::Always)
+                    }
+                }
+            }
         };
         if let Some(log) = self.log.as_ref() {
             self.shared
@@ -272,24 +457,193 @@ impl Writer {
                 .log_since_checkpoint
                 .store(log.since_checkpoint(), Ordering::Relaxed);
         }
-        let result = published.and_then(|()| {
-            self.shared.overlay.published();
-            if needs >= Needs::Checkpointed {
-                self.checkpoint()
-                    .map_err(|e| self.unknown("checkpoint failed", &e))?;
+        if let Some(f) = &failure {
+            // Told only now: they read the recovered state, and a retry finds the log open.
+            self.answer(unanswered, &Err(f.error.clone()));
+        }
+        let result = published.and_then(|()| self.after_publish(&mut epoch));
+        let cut = failure.map(|f| (f.first, f.error));
+        let jobs: Vec<_> = epoch.after_publish.drain(..).collect();
+        Counters::add(&self.shared.counters.requests, jobs.len() as u64);
+        for (number, job) in jobs {
+            match &cut {
+                // Its group was never durable: the log's failure is its answer.
+                Some((first, error)) if number >= *first => job.finish(Err(error.clone())),
+                _ => job.finish(result.clone()),
             }
-            if needs == Needs::Exclusive {
-                let mut db = self.shared.db.write();
-                for job in &mut after_publish {
-                    job.exclusive(&mut db);
+        }
+    }
+
+    /// Commits an epoch's transaction: without a sync in `Wal` mode (the log has every group),
+    /// durably in `Redb` mode (the commit is what makes the group durable at all).
+    fn commit(&mut self, txn: WriteTransaction, epoch: &Epoch) -> Result<(), StoreError> {
+        let committed = if epoch.changed {
+            txn.commit()
+        } else {
+            txn.abort().map_err(redb::CommitError::from)
+        };
+        match committed {
+            Ok(()) => {
+                self.shared.overlay.published();
+                Counters::add(&self.shared.counters.epochs, 1);
+                Ok(())
+            }
+            Err(e) if self.log.is_some() => {
+                tracing::warn!(error = %e, "publishing an epoch failed; recovering from the log");
+                self.restore_for_epoch(Reopen::IfNeeded)
+            }
+            Err(e) => {
+                // `Redb` mode: the group's durable commit failed part way.
+                let e = StoreError::unknown("the redb commit failed", &e);
+                self.shared.poison.set(&e);
+                self.heal(Reopen::IfNeeded);
+                Err(e)
+            }
+        }
+    }
+
+    /// A fresh transaction holding the groups of `epoch` numbered below `keep_below` (the ones
+    /// the log made durable). A panic is caught: redb may be left unusable, and the caller
+    /// then restores.
+    fn rebuild(&self, epoch: &Epoch, keep_below: u64) -> Result<WriteTransaction, StoreError> {
+        let rebuilt = catch_unwind(AssertUnwindSafe(|| {
+            let txn = self.begin_txn()?;
+            for (_, payload) in epoch.logged.iter().filter(|(n, _)| *n < keep_below) {
+                wal::apply_payload(&self.shared.registry, &txn, payload).map_err(|e| {
+                    StoreError::Internal {
+                        message: format!("re-applying a logged group failed: {e:?}"),
+                    }
+                })?;
+            }
+            Ok(txn)
+        }));
+        rebuilt.unwrap_or_else(|panic| {
+            Err(StoreError::Internal {
+                message: format!(
+                    "rebuilding an epoch panicked: {}",
+                    panic_message(panic.as_ref())
+                ),
+            })
+        })
+    }
+
+    /// What follows a publish: a checkpoint, then work that needs the database to itself.
+    fn after_publish(&mut self, epoch: &mut Epoch) -> Result<(), StoreError> {
+        if epoch.needs >= Needs::Checkpointed {
+            if let Err(e) = self.checkpoint() {
+                return Err(self.checkpoint_failed(e));
+            }
+        }
+        if epoch.needs == Needs::Exclusive {
+            let mut slot = self.shared.db.write();
+            if let Some(db) = slot.as_mut() {
+                for (_, job) in &mut epoch.after_publish {
+                    job.exclusive(db);
                 }
             }
-            Ok(())
-        });
-        match result {
-            Ok(()) => self.answer(after_publish, &Ok(())),
-            Err(e) => self.fail(e, after_publish),
         }
+        Ok(())
+    }
+
+    /// Restores in place for an epoch that cannot be published as it stands: `Ok` once
+    /// everything durable is in redb again.
+    fn restore_for_epoch(&mut self, reopen: Reopen) -> Result<(), StoreError> {
+        match self.restore(reopen) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.shared.poison.set(&e);
+                self.heal_retry.failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Recovers in place now, as the first attempt after a failure; on failure the store stays
+    /// poisoned and the next attempt waits (see `Builder::self_heal`).
+    fn heal(&mut self, reopen: Reopen) {
+        match self.restore(reopen) {
+            Ok(_) => self.heal_retry.reset(),
+            Err(e) => {
+                tracing::error!(error = %e, "recovering in place failed; writes are refused until it succeeds");
+                self.shared.poison.set(&e);
+                self.heal_retry.failed();
+            }
+        }
+    }
+
+    /// Recovers the store in place, as a reopen of its directory would: stops the log, reopens
+    /// the redb file if it latched an error (or `reopen` says so), replays the log past the
+    /// last checkpoint into it, and starts a new log. Clears the poison when it succeeds.
+    /// Requests queued meanwhile wait; readers of records wait only while the file is reopened.
+    pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
+        let started = Instant::now();
+        // Joins the log thread; every group it had is settled (answered) by then.
+        self.log = None;
+        let caught_up = {
+            let mut slot = self.shared.db.write();
+            let healthy = reopen == Reopen::IfNeeded
+                && slot.as_ref().is_some_and(|db| {
+                    catch_unwind(AssertUnwindSafe(|| {
+                        db.begin_write()
+                            .map(|txn| txn.abort().is_ok())
+                            .unwrap_or(false)
+                    }))
+                    .unwrap_or(false)
+                });
+            if !healthy {
+                // redb refuses everything after an I/O error until the file is closed.
+                drop(slot.take());
+                *slot = Some(self.storage.database().map_err(restore_failed)?);
+            }
+            let db = slot.as_ref().ok_or(StoreError::Closed)?;
+            catch_unwind(AssertUnwindSafe(|| {
+                catch_up::catch_up(
+                    db,
+                    &self.shared.registry,
+                    &self.storage,
+                    &self.shared.config,
+                )
+            }))
+            .unwrap_or_else(|panic| {
+                Err(crate::error::OpenError::Recovery(
+                    crate::error::RecoveryError::Apply(redb::Error::Io(std::io::Error::other(
+                        panic_message(panic.as_ref()),
+                    ))),
+                ))
+            })
+            .map_err(restore_failed)?
+        };
+        let CaughtUp {
+            mut report,
+            log,
+            next_fence,
+        } = caught_up;
+        self.log = match log {
+            Some(log) => Some(
+                LogThread::start(
+                    log,
+                    self.shared.overlay.clone(),
+                    self.shared.counters.clone(),
+                    self.shared.poison.clone(),
+                )
+                .map_err(|e| restore_failed(crate::error::OpenError::Thread(e)))?,
+            ),
+            None => None,
+        };
+        self.next_fence = self.next_fence.max(next_fence);
+        self.shared.overlay.published();
+        self.shared.poison.clear();
+        self.checkpoint_soon_if_replayed();
+        report.duration = started.elapsed();
+        Counters::add(&self.shared.counters.restores, 1);
+        tracing::info!(
+            frames_replayed = report.frames_replayed,
+            reopened = reopen == Reopen::Always,
+            ms = report.duration.as_millis() as u64,
+            "idemstore recovered in place"
+        );
+        *self.shared.recovery.lock() = report.clone();
+        Ok(report)
     }
 
     /// Waits briefly for more work for the open epoch; true if some arrived.
@@ -308,7 +662,8 @@ impl Writer {
     /// An epoch's transaction: committed without a sync in `Wal` mode (the log has every
     /// group), durably in `Redb` mode (its commit is what makes the group durable).
     fn begin_txn(&self) -> Result<WriteTransaction, StoreError> {
-        let mut txn = self.shared.db.read().begin_write()?;
+        let slot = self.shared.db.read(&self.shared.poison)?;
+        let mut txn = slot.begin_write()?;
         txn.set_durability(match self.shared.config.durability {
             Durability::Wal => redb::Durability::None,
             Durability::Redb => redb::Durability::Immediate,
@@ -316,23 +671,21 @@ impl Writer {
         Ok(txn)
     }
 
-    fn unknown(&self, what: &str, e: &dyn std::fmt::Display) -> StoreError {
-        StoreError::OutcomeUnknown {
-            cause: format!("{what}: {e}").into(),
-        }
-    }
-
     /// Runs jobs from the front of `group` (moving each to `done`) until the group is empty,
-    /// its writes pass `GROUP_BYTES`, or a job needs more than durability; in `Wal` mode, logs
-    /// and syncs their writes as one frame and adds their records to the overlay.
+    /// its writes pass `GROUP_BYTES`, or a job needs more than durability; in `Wal` mode,
+    /// encodes their writes as one payload for the log and collects their records for the
+    /// overlay.
+    ///
+    /// An error means the group's writes are partly applied to `txn`: the caller must not
+    /// publish it.
     fn run_group(
         &mut self,
         txn: &WriteTransaction,
         open: &mut OpenTables<'_>,
         group: &mut VecDeque<Box<dyn Job>>,
         done: &mut Vec<Box<dyn Job>>,
+        now: Timestamp,
     ) -> Result<GroupOutcome, StoreError> {
-        let now = self.now()?;
         let mut outcome = GroupOutcome {
             changed: false,
             bytes: 0,
@@ -341,8 +694,6 @@ impl Writer {
             records: Vec::new(),
         };
         let mut kept: Vec<WriteSet> = Vec::new();
-        let mut payload = None;
-        let mut records = Vec::new();
         while let Some(mut job) = group.pop_front() {
             let mut writes = WriteSet::default();
             let keep = {
@@ -360,7 +711,23 @@ impl Writer {
             };
             done.push(job);
             if keep == Keep::Writes && !writes.is_empty() {
-                self.shared.registry.apply(txn, open, writes.ops())?;
+                // A table's key type orders the keys as they are inserted: user code, which
+                // may panic. Caught here, it fails this group instead of the writer.
+                let registry = &self.shared.registry;
+                let applied =
+                    catch_unwind(AssertUnwindSafe(|| registry.apply(txn, open, writes.ops())));
+                match applied {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e.into()),
+                    Err(panic) => {
+                        return Err(StoreError::Internal {
+                            message: format!(
+                                "applying a request's writes panicked (a table's key or value type?): {}",
+                                panic_message(panic.as_ref())
+                            ),
+                        });
+                    }
+                }
                 outcome.changed = true;
                 outcome.bytes += writes.bytes();
                 kept.push(writes);
@@ -377,9 +744,9 @@ impl Writer {
                         message: format!("encoding a log frame failed: {e}"),
                     }
                 })?;
-                payload = Some(encoded);
+                outcome.payload = Some(Arc::new(encoded));
                 let table = self.shared.tables.records;
-                records = kept
+                outcome.records = kept
                     .into_iter()
                     .flat_map(WriteSet::into_ops)
                     .filter(|op| op.table == table)
@@ -388,12 +755,11 @@ impl Writer {
             }
             Counters::add(&self.shared.counters.groups_committed, 1);
         }
-        outcome.payload = payload;
-        outcome.records = records;
         Ok(outcome)
     }
 
-    /// The clock, read once per group; a panicking clock fails the group, not the writer.
+    /// The clock, read once per group before any of its requests runs; a panicking clock fails
+    /// the group, not the writer.
     fn now(&self) -> Result<Timestamp, StoreError> {
         let clock = self.shared.config.clock.clone();
         catch_unwind(AssertUnwindSafe(|| clock.now())).map_err(|panic| StoreError::Internal {
@@ -404,14 +770,39 @@ impl Writer {
         })
     }
 
+    /// How long until the writer has something to do without a request: a checkpoint, or an
+    /// attempt to heal.
+    fn next_timer(&self) -> Option<Duration> {
+        if self.shared.poison.check().is_err() {
+            return self.heal_retry.wait();
+        }
+        self.checkpoint_due_in()
+    }
+
+    fn timers(&mut self) {
+        if self.shared.poison.check().is_err() {
+            if self.heal_due() {
+                self.heal(Reopen::IfNeeded);
+            }
+            return;
+        }
+        self.checkpoint_if_due();
+    }
+
+    /// Whether self-heal is on and its next attempt is due.
+    fn heal_due(&self) -> bool {
+        self.heal_retry.wait().is_some() && self.heal_retry.due()
+    }
+
     /// How long until a checkpoint is due, if the log holds frames not yet in durable redb.
     fn checkpoint_due_in(&self) -> Option<Duration> {
         let log = self.log.as_ref()?;
-        (log.since_checkpoint() > 0 && self.shared.poison.check().is_ok()).then(|| {
+        (log.since_checkpoint() > 0).then(|| {
             self.shared
                 .config
                 .checkpoint_interval
                 .saturating_sub(self.last_checkpoint.elapsed())
+                .max(self.checkpoint_retry.wait().unwrap_or_default())
         })
     }
 
@@ -422,10 +813,25 @@ impl Writer {
         let due = log.since_checkpoint() >= self.shared.config.checkpoint_bytes
             || (log.since_checkpoint() > 0
                 && self.last_checkpoint.elapsed() >= self.shared.config.checkpoint_interval);
-        if due && self.shared.poison.check().is_ok() {
+        if due && self.checkpoint_retry.due() {
             if let Err(e) = self.checkpoint() {
-                self.shared.poison.set(&format!("checkpoint failed: {e}"));
+                self.checkpoint_failed(e);
             }
+        }
+    }
+
+    /// A failed checkpoint changed nothing the log does not hold, but redb latches the error:
+    /// restore it in place and try the checkpoint again after a while.
+    fn checkpoint_failed(&mut self, e: StoreError) -> StoreError {
+        tracing::warn!(error = %e, "checkpoint failed; the log keeps every write, and the checkpoint is tried again later");
+        self.checkpoint_retry.failed();
+        self.heal(Reopen::IfNeeded);
+        match e.io_kind() {
+            Some(kind) => StoreError::NotWritten {
+                kind,
+                cause: format!("checkpoint failed: {e}").into(),
+            },
+            None => e,
         }
     }
 
@@ -436,12 +842,13 @@ impl Writer {
         let Some(log) = self.log.as_ref() else {
             return Ok(());
         };
-        let seq = log.wait_durable()?;
-        let mut txn = self.shared.db.read().begin_write()?;
-        txn.set_durability(redb::Durability::Immediate)?;
-        txn.set_quick_repair(true);
-        meta::set_log_checkpoint(&txn, seq)?;
-        txn.commit()?;
+        let seq = log
+            .wait_durable()
+            .map_err(|failure: LogFailure| failure.error)?;
+        {
+            let slot = self.shared.db.read(&self.shared.poison)?;
+            catch_up::checkpoint_now(&slot, seq)?;
+        }
         // Enough spare segments to log one checkpoint interval without creating files.
         let keep_free = usize::try_from(
             self.shared
@@ -453,6 +860,7 @@ impl Writer {
         .unwrap_or(usize::MAX);
         log.checkpointed(seq, keep_free);
         tracing::debug!(seq, "checkpoint");
+        self.checkpoint_retry.reset();
         self.last_checkpoint = Instant::now();
         Counters::add(&self.shared.counters.checkpoints, 1);
         self.shared
@@ -469,5 +877,17 @@ impl Writer {
             Ordering::Relaxed,
         );
         Ok(())
+    }
+}
+
+/// A failed restore leaves the store poisoned with this cause.
+fn restore_failed(e: crate::error::OpenError) -> StoreError {
+    let kind = match &e {
+        crate::error::OpenError::Io { source, .. } => Some(source.kind()),
+        _ => None,
+    };
+    StoreError::Poisoned {
+        kind,
+        cause: format!("recovering in place failed: {e}").into(),
     }
 }

@@ -2,6 +2,24 @@
 //!
 //! Every variant's Display says what happened and what to do about it.
 
+/// `From` every redb error type for an error enum, into the variant that holds an
+/// `Arc<redb::Error>`.
+macro_rules! from_redb {
+    ($error:ident :: $variant:ident) => {
+        $crate::error::from_redb!(@each $error $variant
+            redb::Error, redb::StorageError, redb::TransactionError, redb::TableError,
+            redb::CommitError, redb::SetDurabilityError);
+    };
+    (@each $error:ident $variant:ident $($source:ty),*) => {$(
+        impl From<$source> for $error {
+            fn from(e: $source) -> Self {
+                $error::$variant(std::sync::Arc::new(e.into()))
+            }
+        }
+    )*};
+}
+pub(crate) use from_redb;
+
 mod input;
 mod lifecycle;
 mod maintenance;

@@ -87,6 +87,16 @@ pub enum OpenError {
         "cannot set up the store's tables: {0}; if a business table changed its key or value types, migrate it or register it under a new name"
     )]
     Setup(#[source] redb::Error),
+    /// The store's files or directories are readable by other users, and
+    /// `LoosePermissions::Refuse` is set.
+    #[error(
+        "the store's files are readable by other users ({}); run chmod 700 on the directories and chmod 600 on the files, or open with LoosePermissions::Warn",
+        files.iter().map(|f| format!("{} is {:o}", f.path.display(), f.mode)).collect::<Vec<_>>().join(", ")
+    )]
+    LoosePermissions {
+        /// Each loose path and its mode.
+        files: Vec<crate::LooseFile>,
+    },
     /// The writer thread could not be started.
     #[error("cannot start the writer thread: {0}")]
     Thread(#[source] std::io::Error),

@@ -1,5 +1,7 @@
 //! The failures every storage-touching operation shares.
 
+use std::fmt;
+use std::io;
 use std::sync::Arc;
 
 use super::CorruptRecord;
@@ -9,18 +11,31 @@ use super::CorruptRecord;
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// redb reported an error before anything of the request reached the disk. If it came
-    /// from the writer, the store is now poisoned.
+    /// redb reported an error. Nothing of the request was acknowledged; if it came from the
+    /// writer, the store recovers its file in place from the log before it writes again.
     #[error(
-        "storage error: {0}; the operation was not carried out; retry it, or reopen the store if this repeats"
+        "storage error: {0}; the operation was not carried out; retry it, and check the disk if this repeats"
     )]
     Redb(Arc<redb::Error>),
-    /// Making the request's group durable failed part way (a failed write or sync of the log or
-    /// of redb). The group may or may not have reached the disk; the store is now poisoned.
+    /// The request was refused before anything of it reached the disk (the log could not
+    /// take it: most often a full disk). Nothing was written, and the store goes on serving:
+    /// reads and replays are answered, and writes succeed again once the cause is gone.
+    #[error("{}", not_written(*kind, cause))]
+    NotWritten {
+        /// The I/O error's kind (`StorageFull` for a full disk).
+        kind: io::ErrorKind,
+        /// What failed.
+        cause: Arc<str>,
+    },
+    /// Making the request's group durable failed part way (a failed sync). The group may or
+    /// may not have reached the disk; the store is poisoned until it has recovered from its
+    /// log, which it does in place.
     #[error(
-        "could not confirm that the request reached the disk ({cause}); it may or may not have. The store is poisoned: reopen it, then call begin for the key (a Replay means it landed). Do not blindly repeat a keyless write"
+        "could not confirm that the request reached the disk ({cause}); it may or may not have. The store recovers from its log in place; then call begin for the key (a Replay means it landed). Do not blindly repeat a keyless write"
     )]
     OutcomeUnknown {
+        /// The I/O error's kind, when an I/O error was the cause.
+        kind: Option<io::ErrorKind>,
         /// The I/O or commit failure.
         cause: Arc<str>,
     },
@@ -34,11 +49,15 @@ pub enum StoreError {
         /// What is wrong with its bytes.
         source: CorruptRecord,
     },
-    /// An earlier failure to make data durable poisoned the store.
+    /// An earlier failure of unknown outcome poisoned the store: writes are refused until it
+    /// has recovered from its log (automatically with `Builder::self_heal`, or with
+    /// `Store::reopen`). Reads and replays are still answered while the file is readable.
     #[error(
-        "the store is poisoned by an earlier failure ({cause}); nothing can be written until it is dropped and reopened, which recovers every acknowledged write"
+        "the store refuses writes after an earlier failure ({cause}); it recovers in place from its log (Store::reopen forces it), then writes succeed again; reads and replays are still answered"
     )]
     Poisoned {
+        /// The I/O error's kind, when an I/O error was the cause.
+        kind: Option<io::ErrorKind>,
         /// The failure that poisoned it.
         cause: Arc<str>,
     },
@@ -48,9 +67,10 @@ pub enum StoreError {
         "a store operation was called from inside a commit or write closure; use the Tx handle the closure receives instead"
     )]
     Reentrant,
-    /// A bug inside idemstore: a request panicked. Its writes were dropped; the store is intact.
+    /// A bug inside idemstore or a panic in code the store calls (the clock, a table's key
+    /// type): the request's writes were dropped and the store is intact.
     #[error(
-        "internal error ({message}); the request's writes were dropped and the store is intact; please report this as a bug"
+        "internal error ({message}); the request's writes were dropped and the store is intact; if it is not your clock or key type panicking, please report this as a bug"
     )]
     Internal {
         /// The panic message.
@@ -61,21 +81,73 @@ pub enum StoreError {
     Closed,
 }
 
-macro_rules! from_redb {
-    ($($source:ty),*) => {$(
-        impl From<$source> for StoreError {
-            fn from(e: $source) -> Self {
-                StoreError::Redb(Arc::new(e.into()))
-            }
-        }
-    )*};
+fn not_written(kind: io::ErrorKind, cause: &str) -> String {
+    if kind == io::ErrorKind::StorageFull {
+        format!(
+            "the disk is full ({cause}); nothing of the request was written. Free disk space and retry: the store keeps answering reads and replays meanwhile"
+        )
+    } else {
+        format!(
+            "the request was refused before it reached the disk ({cause}); nothing of it was written; retry it"
+        )
+    }
 }
 
-from_redb!(
-    redb::Error,
-    redb::StorageError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::CommitError,
-    redb::SetDurabilityError
-);
+impl StoreError {
+    /// A failure that wrote nothing durable, from the I/O error that caused it.
+    pub(crate) fn not_written(what: &str, source: &io::Error) -> Self {
+        StoreError::NotWritten {
+            kind: source.kind(),
+            cause: format!("{what}: {source}").into(),
+        }
+    }
+
+    /// A failure of unknown outcome, from the I/O error that caused it.
+    pub(crate) fn outcome_unknown(what: &str, source: &io::Error) -> Self {
+        StoreError::OutcomeUnknown {
+            kind: Some(source.kind()),
+            cause: format!("{what}: {source}").into(),
+        }
+    }
+
+    /// A failure of unknown outcome whose cause is not an I/O error of ours.
+    pub(crate) fn unknown(what: &str, cause: &dyn fmt::Display) -> Self {
+        StoreError::OutcomeUnknown {
+            kind: None,
+            cause: format!("{what}: {cause}").into(),
+        }
+    }
+
+    /// The I/O error kind behind this error, if an I/O error caused it: `StorageFull` for a
+    /// full disk.
+    pub fn io_kind(&self) -> Option<io::ErrorKind> {
+        match self {
+            StoreError::Redb(e) => redb_io_kind(e),
+            StoreError::NotWritten { kind, .. } => Some(*kind),
+            StoreError::OutcomeUnknown { kind, .. } | StoreError::Poisoned { kind, .. } => *kind,
+            _ => None,
+        }
+    }
+
+    /// Whether retrying the same call later may succeed (the store is healing or the disk
+    /// was full), as opposed to a misuse or a corrupt record that will fail again.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Redb(_)
+                | StoreError::NotWritten { .. }
+                | StoreError::OutcomeUnknown { .. }
+                | StoreError::Poisoned { .. }
+        )
+    }
+}
+
+/// The I/O error kind inside a redb error, if it is an I/O error.
+pub(crate) fn redb_io_kind(e: &redb::Error) -> Option<io::ErrorKind> {
+    match e {
+        redb::Error::Io(e) => Some(e.kind()),
+        _ => None,
+    }
+}
+
+super::from_redb!(StoreError::Redb);

@@ -42,24 +42,7 @@ pub enum TxError {
     Storage(Arc<redb::Error>),
 }
 
-macro_rules! from_redb {
-    ($($source:ty),*) => {$(
-        impl From<$source> for TxError {
-            fn from(e: $source) -> Self {
-                TxError::Storage(Arc::new(e.into()))
-            }
-        }
-    )*};
-}
-
-from_redb!(
-    redb::Error,
-    redb::StorageError,
-    redb::TransactionError,
-    redb::TableError,
-    redb::CommitError,
-    redb::SetDurabilityError
-);
+super::from_redb!(TxError::Storage);
 
 /// Opening a business table for reading failed.
 #[derive(Debug, Clone, thiserror::Error)]

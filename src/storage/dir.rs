@@ -4,6 +4,7 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
+use super::fs;
 use super::{LogDir, LogFile};
 
 #[derive(Debug)]
@@ -12,8 +13,10 @@ pub(crate) struct FsLogDir {
 }
 
 impl FsLogDir {
+    /// The log directory at `path`, created (`0700`, its entry synced into the store's
+    /// directory) if absent.
     pub(crate) fn open(path: &Path) -> io::Result<FsLogDir> {
-        std::fs::create_dir_all(path)?;
+        fs::create_dir_durable(path)?;
         Ok(FsLogDir {
             path: path.to_path_buf(),
         })
@@ -43,11 +46,7 @@ impl LogDir for FsLogDir {
     }
 
     fn create(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(self.path.join(name))?;
+        let file = fs::create_private(&self.path.join(name))?;
         Ok(Box::new(FsLogFile { file }))
     }
 

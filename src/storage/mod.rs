@@ -5,6 +5,7 @@
 //! else in the crate touches files, which is what lets the crash tests swap the disk out.
 
 mod dir;
+mod fs;
 
 use std::fmt;
 use std::io;
@@ -15,6 +16,18 @@ use redb::{Database, DatabaseError};
 use crate::error::OpenError;
 
 pub(crate) use dir::FsLogDir;
+#[cfg(feature = "testing")]
+pub(crate) use fs::Created;
+
+/// A file or directory of the store that users other than its owner may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LooseFile {
+    /// The path.
+    pub path: PathBuf,
+    /// Its permission bits (for example `0o644`).
+    pub mode: u32,
+}
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";
@@ -70,8 +83,12 @@ impl fmt::Debug for Storage {
 }
 
 impl Storage {
-    /// Opens the redb database, creating it first if absent (under a temporary name, renamed
-    /// into place once redb has initialized it).
+    /// Opens the redb database, creating it (and the store's directory) first if absent.
+    ///
+    /// A new file is built under a temporary name and renamed into place once redb has
+    /// initialized it, so the final name only ever names a complete database; the directory is
+    /// synced after the rename, and every directory level `open` created is synced into its
+    /// parent, so none of it can vanish in a power cut after a write is acknowledged.
     pub(crate) fn database(&self) -> Result<Database, OpenError> {
         match self {
             Storage::Directory(dir) => {
@@ -79,7 +96,7 @@ impl Storage {
                     let path = path.to_path_buf();
                     move |source| OpenError::Io { path, source }
                 };
-                std::fs::create_dir_all(dir).map_err(io(dir))?;
+                fs::create_dir_durable(dir).map_err(io(dir))?;
                 let path = dir.join(DB_FILE);
                 if !path.exists() {
                     let creating = dir.join(DB_CREATING);
@@ -89,15 +106,15 @@ impl Storage {
                         }
                         _ => {}
                     }
+                    // Made here with mode 0600: redb initializes an empty file it is given.
+                    drop(fs::create_private(&creating).map_err(io(&creating))?);
                     drop(
                         Database::builder()
                             .create(&creating)
                             .map_err(|e| database_error(&creating, e))?,
                     );
                     std::fs::rename(&creating, &path).map_err(io(&path))?;
-                    std::fs::File::open(dir)
-                        .and_then(|d| d.sync_all())
-                        .map_err(io(dir))?;
+                    fs::sync_dir(dir).map_err(io(dir))?;
                 }
                 Database::builder()
                     .create(&path)
@@ -110,6 +127,8 @@ impl Storage {
                     source,
                 };
                 if !disk.exists(DB_FILE) {
+                    // The store's directory: made, and its entry synced into its parent.
+                    disk.create_root().map_err(io)?;
                     disk.remove(DB_CREATING);
                     drop(
                         Database::builder()
@@ -126,6 +145,38 @@ impl Storage {
         }
     }
 
+    /// The store's files and directories that users other than the owner may read: its
+    /// directory, the database file, the log directory and its segments. Empty for a
+    /// simulated disk.
+    pub(crate) fn loose_permissions(&self) -> io::Result<Vec<LooseFile>> {
+        #[cfg_attr(
+            not(feature = "testing"),
+            expect(
+                irrefutable_let_patterns,
+                reason = "Simulated exists with `testing` only"
+            )
+        )]
+        let Storage::Directory(dir) = self else {
+            return Ok(Vec::new());
+        };
+        let mut paths = vec![dir.clone(), dir.join(DB_FILE), dir.join(LOG_DIR)];
+        if let Ok(entries) = std::fs::read_dir(dir.join(LOG_DIR)) {
+            for entry in entries {
+                paths.push(entry?.path());
+            }
+        }
+        let mut loose = Vec::new();
+        for path in paths {
+            match fs::loose_mode(&path) {
+                Ok(Some(mode)) => loose.push(LooseFile { path, mode }),
+                Ok(None) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(loose)
+    }
+
     /// The log directory, created if absent.
     pub(crate) fn log_dir(&self) -> Result<Box<dyn LogDir>, OpenError> {
         match self {
@@ -136,7 +187,16 @@ impl Storage {
                 ))
             }
             #[cfg(feature = "testing")]
-            Storage::Simulated(disk) => Ok(Box::new(disk.log_dir(LOG_DIR))),
+            Storage::Simulated(disk) => {
+                let io = |source| OpenError::Io {
+                    path: PathBuf::from(LOG_DIR),
+                    source,
+                };
+                if disk.create_dir(LOG_DIR).map_err(io)? == Created::Yes {
+                    disk.sync_dir("").map_err(io)?;
+                }
+                Ok(Box::new(disk.log_dir(LOG_DIR)))
+            }
         }
     }
 
@@ -144,6 +204,8 @@ impl Storage {
     pub(crate) fn existing_log_dir(&self) -> Result<Option<Box<dyn LogDir>>, OpenError> {
         match self {
             Storage::Directory(dir) if !dir.join(LOG_DIR).is_dir() => Ok(None),
+            #[cfg(feature = "testing")]
+            Storage::Simulated(disk) if !disk.dir_exists(LOG_DIR) => Ok(None),
             _ => self.log_dir().map(Some),
         }
     }

@@ -3,15 +3,20 @@
 //! Every file keeps a *live* image (what the process reads back) and a *durable* image (what a
 //! crash keeps). Writes go to the live image and are remembered as pending; `sync_data` applies
 //! a file's pending writes to its durable image. A new file's directory entry is durable only
-//! after the directory is synced. A crash keeps the durable images, plus optionally a prefix,
-//! in whole 512-byte sectors, of the most recent unsynced write: the one in flight.
+//! after the directory is synced, and so is a new directory's (the log's `wal/`) and the
+//! store's own directory in its parent: a file survives a crash only if every directory above
+//! it does. A crash keeps the durable images, plus optionally a prefix, in whole 512-byte
+//! sectors, of the most recent unsynced write: the one in flight.
+//!
+//! Faults can also be a full disk: a write, a length change or a sync that fails with
+//! `StorageFull` once, with the disk working normally after it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::storage::{LogDir, LogFile};
+use crate::storage::{Created, LogDir, LogFile};
 
 const SECTOR: u64 = 512;
 
@@ -29,6 +34,8 @@ pub struct FaultPlan {
     /// How long every sync of a log file takes: a slow disk, so that work queues up behind a
     /// sync in flight as it does on real hardware (the simulated disk is otherwise instant).
     pub log_sync_latency: Option<std::time::Duration>,
+    /// Operation `n` fails once with `StorageFull` (a full disk that someone then frees).
+    pub full_at: Option<u64>,
 }
 
 /// What a crash does to the write that was in flight.
@@ -80,6 +87,10 @@ struct SimFile {
 #[derive(Debug, Default)]
 struct DiskState {
     files: BTreeMap<String, SimFile>,
+    /// Directories below the store's own (`wal`), and whether each entry is durable.
+    dirs: BTreeMap<String, bool>,
+    /// Whether the store's directory exists, and whether its entry in its parent is durable.
+    root: Option<bool>,
     plan: FaultPlan,
     crashed: bool,
     counters: DiskCounters,
@@ -140,10 +151,17 @@ impl SimDisk {
     /// that was in flight. The new disk has no faults planned.
     pub fn crash_image(&self, tear: Tear) -> SimDisk {
         let state = self.lock();
+        let survives = |name: &str| {
+            // Every directory above the file must survive too.
+            state.root != Some(false)
+                && name
+                    .rsplit_once('/')
+                    .is_none_or(|(dir, _)| state.dirs.get(dir).copied().unwrap_or(true))
+        };
         let mut files: BTreeMap<String, SimFile> = state
             .files
             .iter()
-            .filter(|(_, f)| f.entry_durable)
+            .filter(|(name, f)| f.entry_durable && survives(name))
             .map(|(name, f)| {
                 (
                     name.clone(),
@@ -168,9 +186,23 @@ impl SimDisk {
                 file.durable = file.live.clone();
             }
         }
+        let dirs = state
+            .dirs
+            .iter()
+            .filter(|(_, durable)| **durable && state.root != Some(false))
+            .map(|(name, _)| (name.clone(), true))
+            .collect();
+        let root = match state.root {
+            Some(true) => Some(true),
+            // A store directory whose entry was never synced is gone, with all it held.
+            Some(false) => None,
+            None => None,
+        };
         SimDisk {
             state: Arc::new(Mutex::new(DiskState {
                 files,
+                dirs,
+                root,
                 ..DiskState::default()
             })),
         }
@@ -191,6 +223,12 @@ impl SimDisk {
             return Err(io::Error::other(format!(
                 "injected I/O error at operation {op}"
             )));
+        }
+        if state.plan.full_at == Some(op) {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("injected full disk at operation {op}"),
+            ));
         }
         Ok(())
     }
@@ -296,8 +334,8 @@ impl SimDisk {
         Ok(())
     }
 
-    /// Makes the entries of directory `prefix` durable (`""` is the top directory, whose
-    /// entries have no `/`).
+    /// Makes the entries of directory `prefix` durable (`""` is the store's directory, whose
+    /// entries have no `/`): its files and its directories.
     pub(crate) fn sync_dir(&self, prefix: &str) -> io::Result<()> {
         let mut state = self.lock();
         Self::mutate(&mut state)?;
@@ -308,7 +346,41 @@ impl SimDisk {
         for (_, file) in state.files.iter_mut().filter(|(n, _)| in_dir(n)) {
             file.entry_durable = true;
         }
+        for (_, durable) in state.dirs.iter_mut().filter(|(n, _)| in_dir(n)) {
+            *durable = true;
+        }
         Ok(())
+    }
+
+    /// Creates the store's directory if absent, and syncs its parent so that its entry is
+    /// durable (two operations, as on a real file system).
+    pub(crate) fn create_root(&self) -> io::Result<()> {
+        let mut state = self.lock();
+        if state.root.is_some() {
+            return Ok(());
+        }
+        Self::mutate(&mut state)?;
+        state.root = Some(false);
+        Self::mutate(&mut state)?;
+        state.root = Some(true);
+        Ok(())
+    }
+
+    /// Creates directory `name` inside the store's directory if absent. Its entry is durable
+    /// only once the store's directory is synced.
+    pub(crate) fn create_dir(&self, name: &str) -> io::Result<Created> {
+        let mut state = self.lock();
+        if state.dirs.contains_key(name) {
+            return Ok(Created::No);
+        }
+        Self::mutate(&mut state)?;
+        state.dirs.insert(name.to_owned(), false);
+        Ok(Created::Yes)
+    }
+
+    /// Whether directory `name` exists (live).
+    pub(crate) fn dir_exists(&self, name: &str) -> bool {
+        self.lock().dirs.contains_key(name)
     }
 
     /// Whether a file exists (live).
@@ -358,6 +430,9 @@ impl SimDisk {
     /// Replaces a file's live and durable bytes, for tests that damage a log on purpose.
     pub fn set_file(&self, name: &str, bytes: Vec<u8>) {
         let mut state = self.lock();
+        if let Some((dir, _)) = name.rsplit_once('/') {
+            state.dirs.insert(dir.to_owned(), true);
+        }
         let file = state.files.entry(name.to_owned()).or_default();
         file.live = bytes.clone();
         file.durable = bytes;
@@ -554,6 +629,7 @@ mod tests {
             fail_at: Some(1),
             fail_sync: None,
             log_sync_latency: None,
+            full_at: None,
         });
         assert!(disk.write("x", 0, b"1").is_err(), "op 1 fails once");
         assert!(disk.write("x", 0, b"2").is_ok());

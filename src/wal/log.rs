@@ -5,6 +5,14 @@
 //! change to flush. A checkpoint hands segments whose frames are all in redb back to a free
 //! list, and the next segment reuses one under a new segment number. This module must never
 //! have two unsynced frames at once: recovery relies on it to tell a torn tail from damage.
+//!
+//! An append fails in one of two ways, and the caller must tell them apart:
+//! - [`AppendError::NotWritten`]: it failed before its sync (a full disk while a segment was
+//!   being made, a refused write). Nothing new is durable; the next append writes at the same
+//!   place. Retrying is safe.
+//! - [`AppendError::Unknown`]: the sync failed. The frame may or may not be on disk, and after
+//!   a failed `fdatasync` the page cache cannot be trusted to say which (PostgreSQL's lesson):
+//!   the log must not be appended to again; the store recovers from what the files hold.
 
 use std::io;
 
@@ -39,17 +47,40 @@ pub(crate) struct FreeFile {
     pub(crate) file: Box<dyn LogFile>,
 }
 
+/// A segment that recovery found holding frames past the checkpoint: it stays until a
+/// checkpoint covers `last_seq`.
+#[derive(Debug)]
+pub(crate) struct LiveFile {
+    pub(crate) name: String,
+    pub(crate) file: Box<dyn LogFile>,
+    pub(crate) last_seq: u64,
+}
+
 /// Where a new log starts after recovery.
 #[derive(Debug)]
 pub(crate) struct LogStart {
-    /// Files left from before, all of whose frames are in redb: reused before creating any.
+    /// Files left from before, all of whose frames are in durable redb: reused before
+    /// creating any.
     pub(crate) free: Vec<FreeFile>,
+    /// Files holding frames past the checkpoint, oldest first.
+    pub(crate) live: Vec<LiveFile>,
+    /// Frame bytes in `live` past the checkpoint: the log a checkpoint has yet to cover.
+    pub(crate) since_checkpoint: u64,
     pub(crate) next_seq: u64,
     /// Above every segment number ever written in this directory.
     pub(crate) next_number: u64,
     /// Above every segment file's index.
     pub(crate) next_file: u64,
     pub(crate) segment_bytes: u64,
+}
+
+/// Why an append did not make its frame durable.
+#[derive(Debug)]
+pub(crate) enum AppendError {
+    /// Nothing new reached the disk durably: the frame was refused before its sync.
+    NotWritten(io::Error),
+    /// The sync failed: the frame may or may not be durable.
+    Unknown(io::Error),
 }
 
 /// The segment files not in use, and how to make more.
@@ -64,7 +95,10 @@ struct Files {
 
 impl Files {
     /// Takes a free file (or creates one), sizes it for `frame_len`, and writes and syncs a
-    /// new header: the segment is then ready for frames starting at `first_seq`.
+    /// new header: the segment is then ready for frames starting at `first_seq`. On failure
+    /// nothing is left behind that holds space: a file it created is deleted. On a full disk
+    /// an attempt stops at the first refused write, so trying again with every frame costs
+    /// little, and a segment is made as soon as space is freed.
     fn activate(&mut self, first_seq: u64, frame_len: u64) -> io::Result<Segment> {
         let needed = (HEADER_LEN as u64 + frame_len + END_MARKER).max(self.segment_bytes);
         let (FreeFile { name, mut file }, fresh) = match self.free.pop() {
@@ -76,23 +110,26 @@ impl Files {
                 (FreeFile { name, file }, Fresh::Yes)
             }
         };
-        let len = file.len()?;
-        if len < needed {
-            // A new file, or a frame larger than a segment: grow it with zeros first.
-            preallocate(file.as_mut(), len, needed)?;
-        }
-        if fresh == Fresh::Yes {
-            // The file's directory entry must survive a crash before frames go into it.
-            self.dir.sync()?;
-        }
+        let prepared = self.prepare(file.as_mut(), needed, fresh);
+        let len = match prepared {
+            Ok(len) => len,
+            Err(e) => {
+                self.give_back(name, file, fresh);
+                return Err(e);
+            }
+        };
         let number = self.next_number;
         self.next_number += 1;
         // The header and an end marker: whatever the file held in its previous life after the
         // header must not read as this life's first frame.
         let mut head = SegmentHeader { number, first_seq }.encode().to_vec();
         head.resize(HEADER_LEN + FRAME_HEADER_LEN, 0);
-        file.write_at(0, &head)?;
-        file.sync_data()?;
+        if let Err(e) = file.write_at(0, &head).and_then(|()| file.sync_data()) {
+            // A header that did reach the disk names a segment with no frames: recovery reads
+            // it as empty, and a newer number supersedes it.
+            self.give_back(name, file, fresh);
+            return Err(e);
+        }
         Ok(Segment {
             name,
             file,
@@ -101,6 +138,34 @@ impl Files {
             end: HEADER_LEN as u64,
             capacity: len.max(needed),
         })
+    }
+
+    /// Grows the file to `needed` with zeros and, for a new file, makes its entry durable.
+    fn prepare(&self, file: &mut dyn LogFile, needed: u64, fresh: Fresh) -> io::Result<u64> {
+        let len = file.len()?;
+        if len < needed {
+            // A new file, or a frame larger than a segment: grow it with zeros first.
+            preallocate(file, len, needed)?;
+        }
+        if fresh == Fresh::Yes {
+            // The file's directory entry must survive a crash before frames go into it.
+            self.dir.sync()?;
+        }
+        Ok(len)
+    }
+
+    /// After a failed activation: a file this log made is deleted (on a full disk, the zeros
+    /// it holds are space the rest of the store needs); a reused one goes back to the free list.
+    fn give_back(&mut self, name: String, file: Box<dyn LogFile>, fresh: Fresh) {
+        match fresh {
+            Fresh::Yes => {
+                drop(file);
+                if let Err(e) = self.dir.remove(&name) {
+                    tracing::warn!(segment = name, error = %e, "could not delete a log segment that failed to be made");
+                }
+            }
+            Fresh::No => self.free.push(FreeFile { name, file }),
+        }
     }
 }
 
@@ -111,14 +176,23 @@ enum Fresh {
     No,
 }
 
+/// A segment whose frames are not all checkpointed yet.
+#[derive(Debug)]
+struct Sealed {
+    name: String,
+    file: Box<dyn LogFile>,
+    last_seq: Option<u64>,
+}
+
 #[derive(Debug)]
 pub(crate) struct Log {
     files: Files,
-    active: Segment,
+    /// The segment frames go to; `None` until one could be made.
+    active: Option<Segment>,
     /// Full segments whose frames are not all checkpointed yet, oldest first.
-    sealed: Vec<Segment>,
+    sealed: Vec<Sealed>,
     next_seq: u64,
-    /// Frame bytes appended since the last checkpoint.
+    /// Frame bytes appended since the last checkpoint (with those recovery found).
     since_checkpoint: u64,
     buf: Vec<u8>,
 }
@@ -137,8 +211,10 @@ pub(crate) fn segment_index(name: &str) -> Option<u64> {
 }
 
 impl Log {
-    /// Activates a segment and returns a log ready to append at `start.next_seq`.
-    pub(crate) fn start(dir: Box<dyn LogDir>, start: LogStart) -> io::Result<Log> {
+    /// A log ready to append at `start.next_seq`. It makes its first segment now if it can;
+    /// if it cannot (a full disk), appends fail with [`AppendError::NotWritten`] until one can
+    /// be made, and reads of the store are not affected.
+    pub(crate) fn start(dir: Box<dyn LogDir>, start: LogStart) -> Log {
         let mut files = Files {
             dir,
             free: start.free,
@@ -146,45 +222,67 @@ impl Log {
             next_file: start.next_file,
             segment_bytes: start.segment_bytes,
         };
-        let active = files.activate(start.next_seq, 0)?;
-        Ok(Log {
+        let active = match files.activate(start.next_seq, 0) {
+            Ok(segment) => Some(segment),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not make a log segment; writes fail until one can be made");
+                None
+            }
+        };
+        Log {
             files,
             active,
-            sealed: Vec::new(),
+            sealed: start
+                .live
+                .into_iter()
+                .map(|live| Sealed {
+                    name: live.name,
+                    file: live.file,
+                    last_seq: Some(live.last_seq),
+                })
+                .collect(),
             next_seq: start.next_seq,
-            since_checkpoint: 0,
+            since_checkpoint: start.since_checkpoint,
             buf: Vec::new(),
-        })
+        }
     }
 
     /// Appends one frame and syncs it. Returns its sequence number; the frame's size on disk is
     /// 16 bytes more than the payload.
-    pub(crate) fn append(&mut self, payload: &[u8]) -> io::Result<u64> {
+    pub(crate) fn append(&mut self, payload: &[u8]) -> Result<u64, AppendError> {
         if payload.is_empty() || payload.len() > MAX_PAYLOAD {
-            return Err(io::Error::new(
+            return Err(AppendError::NotWritten(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "a log frame of {} bytes is outside 1 ..= 1 GiB",
                     payload.len()
                 ),
-            ));
+            )));
         }
         let frame_len = (FRAME_HEADER_LEN + payload.len()) as u64;
-        if self.active.end + frame_len + END_MARKER > self.active.capacity {
-            let next = self.files.activate(self.next_seq, frame_len)?;
-            let full = std::mem::replace(&mut self.active, next);
-            self.sealed.push(full);
-        }
         let seq = self.next_seq;
+        let segment = segment_for(
+            &mut self.files,
+            &mut self.active,
+            &mut self.sealed,
+            seq,
+            frame_len,
+        )
+        .map_err(AppendError::NotWritten)?;
         self.buf.clear();
-        encode_frame(&mut self.buf, self.active.number, seq, payload);
+        encode_frame(&mut self.buf, segment.number, seq, payload);
         // Zeros after the frame, in the same write: the end of the log then reads as an end
         // marker, not as a torn frame, even in a file reused from an earlier life.
         self.buf.resize(self.buf.len() + FRAME_HEADER_LEN, 0);
-        self.active.file.write_at(self.active.end, &self.buf)?;
-        self.active.file.sync_data()?;
-        self.active.end += frame_len;
-        self.active.last_seq = Some(seq);
+        // A failed write leaves `end` where it was: the next frame overwrites what reached the
+        // file, and nothing of it was synced.
+        segment
+            .file
+            .write_at(segment.end, &self.buf)
+            .map_err(AppendError::NotWritten)?;
+        segment.file.sync_data().map_err(AppendError::Unknown)?;
+        segment.end += frame_len;
+        segment.last_seq = Some(seq);
         self.next_seq += 1;
         self.since_checkpoint += frame_len;
         Ok(seq)
@@ -222,6 +320,33 @@ impl Log {
             }
         }
     }
+}
+
+/// The segment to append a frame of `frame_len` bytes to: the active one if the frame fits,
+/// else a new one starting at `next_seq` (the full one is sealed).
+fn segment_for<'a>(
+    files: &mut Files,
+    active: &'a mut Option<Segment>,
+    sealed: &mut Vec<Sealed>,
+    next_seq: u64,
+    frame_len: u64,
+) -> io::Result<&'a mut Segment> {
+    let fits = active
+        .as_ref()
+        .is_some_and(|s| s.end + frame_len + END_MARKER <= s.capacity);
+    if !fits {
+        let next = files.activate(next_seq, frame_len)?;
+        if let Some(full) = active.replace(next) {
+            sealed.push(Sealed {
+                name: full.name,
+                file: full.file,
+                last_seq: full.last_seq,
+            });
+        }
+    }
+    active
+        .as_mut()
+        .ok_or_else(|| io::Error::other("no log segment is active"))
 }
 
 /// Writes zeros from `from` to `to` and syncs them.

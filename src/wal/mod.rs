@@ -19,7 +19,7 @@ use crate::error::RecoveryError;
 
 use self::format::{Payload, PayloadOp};
 
-pub(crate) use self::log::{Log, LogStart};
+pub(crate) use self::log::{AppendError, Log, LogStart};
 pub use self::recovery::RecoveryReport;
 pub(crate) use self::recovery::{ReplayFrame, recover};
 
@@ -71,40 +71,79 @@ pub(crate) fn replay_frame(
     };
     let groups = format::decode_frame(frame.payload).map_err(|e| bad(e.to_string()))?;
     for payload in groups {
-        let ids = payload
-            .tables
-            .iter()
-            .map(|&name| {
-                registry
-                    .id(name)
-                    .ok_or_else(|| RecoveryError::UnknownTable {
-                        table: name.to_owned(),
-                        seq: frame.seq,
-                        segment: dir.join(frame.segment),
-                        offset: frame.offset,
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut rest = payload.ops.as_slice();
-        while let Some(first) = rest.first() {
-            let run = rest
-                .iter()
-                .position(|op| op.table != first.table)
-                .unwrap_or(rest.len());
-            let id = *ids.get(usize::from(first.table)).ok_or_else(|| {
-                bad(format!(
-                    "op refers to table {} of {}",
-                    first.table,
-                    ids.len()
-                ))
-            })?;
-            let mut ops = rest[..run].iter().map(|op| (op.key, op.value));
+        apply(registry, txn, &payload).map_err(|e| match e {
+            ApplyError::UnknownTable(table) => RecoveryError::UnknownTable {
+                table,
+                seq: frame.seq,
+                segment: dir.join(frame.segment),
+                offset: frame.offset,
+            },
+            ApplyError::BadTableIndex { index, tables } => {
+                bad(format!("op refers to table {index} of {tables}"))
+            }
+            ApplyError::Decode(e) => bad(e.to_string()),
+            ApplyError::Redb(e) => RecoveryError::Apply(e),
+        })?;
+    }
+    Ok(())
+}
+
+/// Why a group's payload could not be applied.
+#[derive(Debug)]
+pub(crate) enum ApplyError {
+    /// The payload names a table this store did not register.
+    UnknownTable(String),
+    /// An op refers to a table index the payload does not list.
+    BadTableIndex { index: u16, tables: usize },
+    /// The payload's bytes do not decode.
+    Decode(postcard::Error),
+    /// redb failed.
+    Redb(redb::Error),
+}
+
+/// Applies one group's encoded payload (as [`encode_group`] made it) to `txn`: how the writer
+/// rebuilds an epoch without the groups that failed after it.
+pub(crate) fn apply_payload(
+    registry: &Registry,
+    txn: &WriteTransaction,
+    payload: &[u8],
+) -> Result<(), ApplyError> {
+    let payload: Payload<'_> = postcard::from_bytes(payload).map_err(ApplyError::Decode)?;
+    apply(registry, txn, &payload)
+}
+
+fn apply(
+    registry: &Registry,
+    txn: &WriteTransaction,
+    payload: &Payload<'_>,
+) -> Result<(), ApplyError> {
+    let ids = payload
+        .tables
+        .iter()
+        .map(|&name| {
             registry
-                .table(id)
-                .apply(txn, &mut ops)
-                .map_err(RecoveryError::Apply)?;
-            rest = &rest[run..];
-        }
+                .id(name)
+                .ok_or_else(|| ApplyError::UnknownTable(name.to_owned()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut rest = payload.ops.as_slice();
+    while let Some(first) = rest.first() {
+        let run = rest
+            .iter()
+            .position(|op| op.table != first.table)
+            .unwrap_or(rest.len());
+        let id = *ids
+            .get(usize::from(first.table))
+            .ok_or(ApplyError::BadTableIndex {
+                index: first.table,
+                tables: ids.len(),
+            })?;
+        let mut ops = rest[..run].iter().map(|op| (op.key, op.value));
+        registry
+            .table(id)
+            .apply(txn, &mut ops)
+            .map_err(ApplyError::Redb)?;
+        rest = &rest[run..];
     }
     Ok(())
 }

@@ -15,7 +15,7 @@ use crate::storage::{LogDir, LogFile};
 use super::format::{
     FRAME_HEADER_LEN, HEADER_LEN, SegmentHeader, Stop, damaged_len, frame_at, later_frame, scan,
 };
-use super::log::{FreeFile, LogStart, segment_index};
+use super::log::{FreeFile, LiveFile, LogStart, segment_index};
 
 /// What opening found in the log and did about it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -59,7 +59,31 @@ struct Candidate {
     header: Option<SegmentHeader>,
 }
 
+impl Candidate {
+    fn first_seq(&self) -> u64 {
+        self.header.map_or(0, |h| h.first_seq)
+    }
+
+    fn number(&self) -> u64 {
+        self.header.map_or(0, |h| h.number)
+    }
+}
+
+/// Where one segment's frames ended.
+struct SegmentEnd {
+    /// The segment's bytes.
+    bytes: Vec<u8>,
+    /// Offset of the first byte after its last valid frame.
+    stop: usize,
+    /// Sequence number of the last frame past the checkpoint, if any.
+    last_new: Option<u64>,
+}
+
 /// Replays every frame after `checkpoint` through `apply`, in order.
+///
+/// The steps: read every segment's header, pick the segments that may hold frames past the
+/// checkpoint, replay each of them in order, and judge how each ends (a sealed segment must
+/// end where the next begins; only the last may end in a torn frame).
 pub(crate) fn recover(
     dir: &dyn LogDir,
     dir_path: &Path,
@@ -68,149 +92,224 @@ pub(crate) fn recover(
     apply: &mut dyn FnMut(ReplayFrame<'_>) -> Result<(), RecoveryError>,
 ) -> Result<Recovered, RecoveryError> {
     let started = Instant::now();
-    let io = |name: &str| {
-        let path = dir_path.join(name);
-        move |source| RecoveryError::Io { path, source }
-    };
+    let (candidates, next_file) = read_headers(dir, dir_path)?;
+    let next_number = candidates
+        .iter()
+        .filter_map(|c| c.header.map(|h| h.number))
+        .max()
+        .map_or(1, |n| n.saturating_add(1));
+    // Saturating: every number here comes from disk, and damage must not make it panic.
+    let mut expected = checkpoint.saturating_add(1);
+    let live = pick_live(&candidates, expected, dir_path)?;
+
+    let mut report = RecoveryReport::default();
+    let mut live_last: Vec<Option<u64>> = vec![None; candidates.len()];
+    for (i, &index) in live.iter().enumerate() {
+        let candidate = &candidates[index];
+        let end = replay_segment(candidate, dir_path, &mut expected, &mut report, apply)?;
+        live_last[index] = end.last_new;
+        match live.get(i + 1) {
+            Some(&next) => check_continues(candidate, &end, &candidates[next], expected, dir_path)?,
+            None => judge_tail(candidate, &end, expected, dir_path, &mut report)?,
+        }
+    }
+
+    let mut free = Vec::new();
+    let mut live_files = Vec::new();
+    for (candidate, last) in candidates.into_iter().zip(live_last) {
+        match last {
+            Some(last_seq) => live_files.push((
+                candidate.number(),
+                LiveFile {
+                    name: candidate.name,
+                    file: candidate.file,
+                    last_seq,
+                },
+            )),
+            None => free.push(FreeFile {
+                name: candidate.name,
+                file: candidate.file,
+            }),
+        }
+    }
+    live_files.sort_by_key(|(number, _)| *number);
+    report.duration = started.elapsed();
+    Ok(Recovered {
+        last_seq: expected.saturating_sub(1),
+        start: LogStart {
+            free,
+            live: live_files.into_iter().map(|(_, f)| f).collect(),
+            since_checkpoint: report.bytes_replayed
+                + report.frames_replayed * FRAME_HEADER_LEN as u64,
+            next_seq: expected,
+            next_number,
+            next_file,
+            segment_bytes,
+        },
+        report,
+    })
+}
+
+/// Every segment file of the directory with its header, if it has a valid one; and the
+/// index above every segment file's.
+fn read_headers(dir: &dyn LogDir, dir_path: &Path) -> Result<(Vec<Candidate>, u64), RecoveryError> {
     let mut names: Vec<(u64, String)> = dir
         .list()
-        .map_err(io(""))?
+        .map_err(io(dir_path, ""))?
         .into_iter()
         .filter_map(|name| segment_index(&name).map(|i| (i, name)))
         .collect();
     names.sort();
     let next_file = names.last().map_or(0, |(i, _)| i.saturating_add(1));
-
     let mut candidates = Vec::with_capacity(names.len());
     for (_, name) in names {
-        let file = dir.open(&name).map_err(io(&name))?;
+        let file = dir.open(&name).map_err(io(dir_path, &name))?;
         let mut head = [0u8; HEADER_LEN];
-        let header = if file.len().map_err(io(&name))? >= HEADER_LEN as u64 {
-            file.read_at(0, &mut head).map_err(io(&name))?;
+        let header = if file.len().map_err(io(dir_path, &name))? >= HEADER_LEN as u64 {
+            file.read_at(0, &mut head).map_err(io(dir_path, &name))?;
             SegmentHeader::decode(&head).ok()
         } else {
             None
         };
         candidates.push(Candidate { name, file, header });
     }
-    let next_number = candidates
-        .iter()
-        .filter_map(|c| c.header.map(|h| h.number))
-        .max()
-        .map_or(1, |n| n.saturating_add(1));
+    Ok((candidates, next_file))
+}
 
-    // Segments with a valid header, in the order they were activated.
-    let mut valid: Vec<&Candidate> = candidates.iter().filter(|c| c.header.is_some()).collect();
-    valid.sort_by_key(|c| c.header.map(|h| h.number));
-    let first_seq = |c: &Candidate| c.header.map_or(0, |h| h.first_seq);
-
-    let mut report = RecoveryReport::default();
-    // Saturating: every number here comes from disk, and damage must not make it panic.
-    let mut expected = checkpoint.saturating_add(1);
-    // The newest segment that starts at or before the first frame to replay; every segment
-    // before it holds checkpointed frames only.
-    let from = valid.iter().rposition(|c| first_seq(c) <= expected);
-    if from.is_none() {
-        if let Some(first) = valid.first() {
-            return Err(RecoveryError::Missing {
-                segment: dir_path.join(&first.name),
-                expected,
-                found: first_seq(first),
-            });
-        }
-    }
-    let live = &valid[from.unwrap_or(valid.len())..];
-    for (i, candidate) in live.iter().enumerate() {
-        let name = candidate.name.as_str();
-        let len = candidate.file.len().map_err(io(name))?;
-        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-        candidate.file.read_at(0, &mut bytes).map_err(io(name))?;
-        let scanned = scan(&bytes).map_err(|problem| RecoveryError::Corrupt {
-            segment: dir_path.join(name),
-            offset: 0,
-            detail: format!("its header changed while open ({problem:?})"),
-        })?;
-        let first_new = expected;
-        for frame in scanned.frames.iter().filter(|f| f.seq >= first_new) {
-            apply(ReplayFrame {
-                segment: name,
-                offset: frame.offset as u64,
-                seq: frame.seq,
-                payload: frame.payload,
-            })?;
-            report.frames_replayed += 1;
-            report.bytes_replayed += frame.payload.len() as u64;
-            expected = frame.seq.saturating_add(1);
-        }
-        let corrupt = |offset: usize, detail: String| RecoveryError::Corrupt {
-            segment: dir_path.join(name),
-            offset: offset as u64,
-            detail,
-        };
-        let stop_offset = match scanned.stop {
-            Stop::EndOfFile => bytes.len(),
-            Stop::Invalid { offset } => offset,
-        };
-        match live.get(i + 1) {
-            // A sealed segment must end exactly where the next one starts.
-            Some(next) => {
-                if expected != first_seq(next) {
-                    return Err(corrupt(
-                        stop_offset,
-                        format!(
-                            "frame {expected} is missing or damaged, and segment {} continues at frame {}",
-                            next.name,
-                            first_seq(next)
-                        ),
-                    ));
-                }
-            }
-            // The last segment may end in a torn frame, and only in one.
-            None => {
-                let number = candidate.header.map_or(0, |h| h.number);
-                if let Some(frame) = frame_at(&bytes, stop_offset, number) {
-                    return Err(corrupt(
-                        stop_offset,
-                        format!("frame {} is out of order (expected {expected})", frame.seq),
-                    ));
-                }
-                if let Some(frame) = later_frame(&bytes, stop_offset, number, expected) {
-                    return Err(corrupt(
-                        stop_offset,
-                        format!(
-                            "a damaged frame is followed by valid frame {} at offset {}",
-                            frame.seq, frame.offset
-                        ),
-                    ));
-                }
-                let end_marker = bytes
-                    .get(stop_offset..stop_offset + FRAME_HEADER_LEN)
-                    .is_none_or(|b| b.iter().all(|&x| x == 0));
-                if !end_marker {
-                    report.bytes_dropped = damaged_len(&bytes, stop_offset) as u64;
-                    report.torn_tail = Some((name.to_owned(), stop_offset as u64));
-                }
-            }
-        }
-    }
-
-    let free = candidates
-        .into_iter()
-        .map(|c| FreeFile {
-            name: c.name,
-            file: c.file,
-        })
+/// The segments to replay, in the order they were activated: from the newest that starts at
+/// or before `expected` (every segment before it holds checkpointed frames only) to the last.
+fn pick_live(
+    candidates: &[Candidate],
+    expected: u64,
+    dir_path: &Path,
+) -> Result<Vec<usize>, RecoveryError> {
+    let mut valid: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].header.is_some())
         .collect();
-    report.duration = started.elapsed();
-    Ok(Recovered {
-        report,
-        last_seq: expected.saturating_sub(1),
-        start: LogStart {
-            free,
-            next_seq: expected,
-            next_number,
-            next_file,
-            segment_bytes,
+    valid.sort_by_key(|&i| candidates[i].number());
+    match valid
+        .iter()
+        .rposition(|&i| candidates[i].first_seq() <= expected)
+    {
+        Some(from) => Ok(valid.split_off(from)),
+        None => match valid.first() {
+            Some(&first) => Err(RecoveryError::Missing {
+                segment: dir_path.join(&candidates[first].name),
+                expected,
+                found: candidates[first].first_seq(),
+            }),
+            None => Ok(Vec::new()),
         },
+    }
+}
+
+/// Replays the frames of one segment past `expected - 1`, advancing `expected`.
+fn replay_segment(
+    candidate: &Candidate,
+    dir_path: &Path,
+    expected: &mut u64,
+    report: &mut RecoveryReport,
+    apply: &mut dyn FnMut(ReplayFrame<'_>) -> Result<(), RecoveryError>,
+) -> Result<SegmentEnd, RecoveryError> {
+    let name = candidate.name.as_str();
+    let len = candidate.file.len().map_err(io(dir_path, name))?;
+    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+    candidate
+        .file
+        .read_at(0, &mut bytes)
+        .map_err(io(dir_path, name))?;
+    let scanned = scan(&bytes).map_err(|problem| RecoveryError::Corrupt {
+        segment: dir_path.join(name),
+        offset: 0,
+        detail: format!("its header changed while open ({problem:?})"),
+    })?;
+    let first_new = *expected;
+    let mut last_new = None;
+    for frame in scanned.frames.iter().filter(|f| f.seq >= first_new) {
+        apply(ReplayFrame {
+            segment: name,
+            offset: frame.offset as u64,
+            seq: frame.seq,
+            payload: frame.payload,
+        })?;
+        report.frames_replayed += 1;
+        report.bytes_replayed += frame.payload.len() as u64;
+        *expected = frame.seq.saturating_add(1);
+        last_new = Some(frame.seq);
+    }
+    let stop = match scanned.stop {
+        Stop::EndOfFile => bytes.len(),
+        Stop::Invalid { offset } => offset,
+    };
+    Ok(SegmentEnd {
+        bytes,
+        stop,
+        last_new,
     })
+}
+
+/// A sealed segment must end exactly where the next one starts.
+fn check_continues(
+    candidate: &Candidate,
+    end: &SegmentEnd,
+    next: &Candidate,
+    expected: u64,
+    dir_path: &Path,
+) -> Result<(), RecoveryError> {
+    if expected == next.first_seq() {
+        return Ok(());
+    }
+    Err(RecoveryError::Corrupt {
+        segment: dir_path.join(&candidate.name),
+        offset: end.stop as u64,
+        detail: format!(
+            "frame {expected} is missing or damaged, and segment {} continues at frame {}",
+            next.name,
+            next.first_seq()
+        ),
+    })
+}
+
+/// The last segment may end in a torn frame, and only in one: a valid frame after the stop is
+/// damage in the middle of the log.
+fn judge_tail(
+    candidate: &Candidate,
+    end: &SegmentEnd,
+    expected: u64,
+    dir_path: &Path,
+    report: &mut RecoveryReport,
+) -> Result<(), RecoveryError> {
+    let corrupt = |detail: String| RecoveryError::Corrupt {
+        segment: dir_path.join(&candidate.name),
+        offset: end.stop as u64,
+        detail,
+    };
+    let number = candidate.number();
+    if let Some(frame) = frame_at(&end.bytes, end.stop, number) {
+        return Err(corrupt(format!(
+            "frame {} is out of order (expected {expected})",
+            frame.seq
+        )));
+    }
+    if let Some(frame) = later_frame(&end.bytes, end.stop, number, expected) {
+        return Err(corrupt(format!(
+            "a damaged frame is followed by valid frame {} at offset {}",
+            frame.seq, frame.offset
+        )));
+    }
+    let end_marker = end
+        .bytes
+        .get(end.stop..end.stop + FRAME_HEADER_LEN)
+        .is_none_or(|b| b.iter().all(|&x| x == 0));
+    if !end_marker {
+        report.bytes_dropped = damaged_len(&end.bytes, end.stop) as u64;
+        report.torn_tail = Some((candidate.name.clone(), end.stop as u64));
+    }
+    Ok(())
+}
+
+/// Maps an I/O error on a file of the log directory.
+fn io(dir_path: &Path, name: &str) -> impl FnOnce(std::io::Error) -> RecoveryError {
+    let path = dir_path.join(name);
+    move |source| RecoveryError::Io { path, source }
 }
