@@ -159,44 +159,52 @@ fn epoch(
     let watcher = store.clone();
     let first = rows[0];
     let held = Arc::new(AtomicU64::new(0));
-    let holder = std::thread::spawn({
+    // Each request answers through a channel, waited on with a bound: a request the store
+    // never answers is a failure, not a hung test.
+    let (answered, answers) = std::sync::mpsc::channel();
+    {
         let store = store.clone();
         let held = held.clone();
-        move || {
-            store.write(move |tx| {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let result = store.write(move |tx| {
                 let start = Instant::now();
                 let _ = started.send(());
                 wait_queued(&watcher, GROUPS - 1)?;
                 held.store(start.elapsed().as_micros() as u64, AtomicOrdering::SeqCst);
                 arm();
                 put(tx, first, 0)
-            })
-        }
-    });
+            });
+            let _ = answered.send((0, result));
+        });
+    }
     began
         .recv_timeout(Duration::from_secs(20))
         .map_err(|_| "the first request never ran")?;
-    let mut others = Vec::new();
     for (i, &row) in rows.iter().enumerate().skip(1) {
         let store_for_thread = store.clone();
-        others.push(std::thread::spawn(move || {
-            store_for_thread.write(move |tx| put(tx, row, i as u64))
-        }));
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            let result = store_for_thread.write(move |tx| put(tx, row, i as u64));
+            let _ = answered.send((i, result));
+        });
         // One at a time: each is its own group, in this order. (Once the last is queued, the
         // first request lets the writer go, so it is not waited for here.)
         if i < GROUPS - 1 {
             wait_queued(store, i)?;
         }
     }
-    let mut outcomes = vec![(
-        first,
-        classify(holder.join().map_err(|_| "the first request panicked")?)?,
-    )];
-    for (&row, handle) in rows.iter().skip(1).zip(others) {
-        outcomes.push((
-            row,
-            classify(handle.join().map_err(|_| "a request panicked")?)?,
-        ));
+    let mut results: Vec<Option<Result<(), WriteError>>> = (0..GROUPS).map(|_| None).collect();
+    for _ in 0..GROUPS {
+        let (i, result) = answers
+            .recv_timeout(Duration::from_secs(60))
+            .map_err(|_| format!("a request was never answered: {results:?}"))?;
+        results[i] = Some(result);
+    }
+    let mut outcomes = Vec::new();
+    for (&row, result) in rows.iter().zip(results) {
+        let result = result.ok_or("a request answered twice")?;
+        outcomes.push((row, classify(result)?));
     }
     let held = Duration::from_micros(held.load(AtomicOrdering::SeqCst));
     Ok((held < HOLD_BUDGET).then_some(outcomes))

@@ -255,6 +255,7 @@ fn flush(core: &Core, batch: &mut Vec<Submission>) {
     if batch.is_empty() {
         return;
     }
+    let batch_len = batch.len() as u64;
     let failed = core.state.lock().failed.clone();
     let result = match failed {
         Some(failure) => Err((failure.error, failure.outcome)),
@@ -269,29 +270,30 @@ fn flush(core: &Core, batch: &mut Vec<Submission>) {
         Err((e, FailedOutcome::Unknown)) => core.poison.set(e),
         Err((_, FailedOutcome::NotWritten)) => {}
     }
+    let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
     {
+        // One critical section: whoever sees these groups settled also finds their jobs.
         let mut state = core.state.lock();
         let first = state.settled;
-        state.settled += batch.len() as u64;
-        match &result {
-            Ok(Some(seq)) => state.last_seq = *seq,
+        state.settled += batch_len;
+        match result {
+            Ok(Some(seq)) => state.last_seq = seq,
             Ok(None) => {}
             Err((error, outcome)) => {
                 state.failed.get_or_insert_with(|| LogFailure {
                     first,
-                    error: error.clone(),
-                    outcome: *outcome,
+                    error,
+                    outcome,
                 });
+                // Answered by the writer once it has rebuilt or recovered: a caller that
+                // retries at once must find the log taking groups again, and read the state
+                // after the recovery.
+                state.unanswered.extend(jobs);
+                drop(state);
+                core.settled.notify_all();
+                return;
             }
         }
-    }
-    let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
-    if result.is_err() {
-        // Answered by the writer once it has rebuilt or recovered: a caller that retries at
-        // once must find the log taking groups again, and read the state after the recovery.
-        core.state.lock().unanswered.extend(jobs);
-        core.settled.notify_all();
-        return;
     }
     core.settled.notify_all();
     Counters::add(&core.counters.requests, jobs.len() as u64);
