@@ -9,7 +9,7 @@ use crate::engine::context::Context;
 use crate::engine::counters::Counters;
 use crate::engine::job::Work;
 use crate::engine::lifecycle::{self, CommitRefusal, Held, Refusal, UserFailure};
-use crate::error::{BoxError, ClaimError, CommitError, StaleClaim, StoreError};
+use crate::error::{BoxError, ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
 use crate::scope::Scope;
@@ -271,17 +271,17 @@ impl Claim {
         &self,
         lease: Duration,
     ) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
-        if lease.is_zero() || lease > MAX_LEASE {
-            return Err(ClaimError::InvalidLease {
-                requested_ms: lease.as_millis(),
-                max_ms: MAX_LEASE.as_millis(),
-            });
+        extend_work(self.scope.clone(), self.held.fence, lease)
+    }
+
+    /// What renews this claim's lease from beside its holder (a heartbeat), without the claim.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn lease_handle(&self) -> LeaseHandle {
+        LeaseHandle {
+            store: self.store.clone(),
+            scope: self.scope.clone(),
+            fence: self.held.fence,
         }
-        let scope = self.scope.clone();
-        let fence = self.held.fence;
-        Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-            lifecycle::extend(tx, ctx, &scope, fence, lease)
-        })
     }
 
     /// The writer's part of `checkpoint`, after checking the size.
@@ -303,7 +303,7 @@ impl Claim {
         })
     }
 
-    fn stale(&self, reason: crate::error::StaleReason) -> StaleClaim {
+    fn stale(&self, reason: StaleReason) -> StaleClaim {
         Counters::add(&self.store.engine().counters().stale, 1);
         tracing::warn!(
             tenant = self.scope.tenant(),
@@ -341,5 +341,66 @@ impl Claim {
             Ok(Err(Refusal::Stale(reason))) => Err(self.stale(reason).into()),
             Ok(Err(Refusal::Store(e))) | Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// The writer's part of an extension of the claim `(scope, fence)`, after checking the lease.
+fn extend_work(
+    scope: Scope,
+    fence: u64,
+    lease: Duration,
+) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
+    if lease.is_zero() || lease > MAX_LEASE {
+        return Err(ClaimError::InvalidLease {
+            requested_ms: lease.as_millis(),
+            max_ms: MAX_LEASE.as_millis(),
+        });
+    }
+    Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::extend(tx, ctx, &scope, fence, lease)
+    })
+}
+
+/// Renews a claim's lease from beside its holder, without the claim itself: a heartbeat runs
+/// while the holder works, and stops when the claim is finished.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseHandle {
+    store: Store,
+    scope: Scope,
+    fence: u64,
+}
+
+/// What a renewal came to.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub(crate) enum Renewed {
+    /// The lease now ends at this time.
+    Until(Timestamp),
+    /// The claim is no longer held (committed, released, or taken over): stop renewing. Not
+    /// counted as a stale refusal: a heartbeat racing its holder's commit is normal.
+    Over(StaleReason),
+}
+
+#[cfg(feature = "tokio")]
+impl LeaseHandle {
+    /// The scope of the claim.
+    pub(crate) fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// Moves the end of the lease to `lease` from now.
+    pub(crate) async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
+        let work = extend_work(self.scope.clone(), self.fence, lease)?;
+        match self.store.engine().call_async(work).await? {
+            Ok(until) => Ok(Renewed::Until(until)),
+            Err(Refusal::Stale(reason)) => Ok(Renewed::Over(reason)),
+            Err(Refusal::Store(e)) => Err(e.into()),
+        }
+    }
+
+    /// The store's lease: what each renewal extends by.
+    pub(crate) fn lease(&self) -> Duration {
+        self.store.engine().config().lease
     }
 }

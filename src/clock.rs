@@ -41,7 +41,7 @@ impl fmt::Display for Timestamp {
 /// Whole milliseconds in `d`, rounded up so a non-zero duration never becomes zero.
 pub(crate) fn duration_millis(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let ms = if d.subsec_nanos() % 1_000_000 != 0 {
+    let ms = if !d.subsec_nanos().is_multiple_of(1_000_000) {
         ms + 1
     } else {
         ms

@@ -226,15 +226,15 @@ impl Config {
                 );
             }
         }
-        if let SelfHeal::Backoff { first, max } = self.self_heal {
-            if first < Duration::from_millis(1) || max < first || max > Duration::from_secs(3600) {
-                return invalid(
-                    "self_heal",
-                    format!(
-                        "backoff from {first:?} to {max:?}: valid is 1 ms <= first <= max <= 1 hour"
-                    ),
-                );
-            }
+        if let SelfHeal::Backoff { first, max } = self.self_heal
+            && (first < Duration::from_millis(1) || max < first || max > Duration::from_secs(3600))
+        {
+            return invalid(
+                "self_heal",
+                format!(
+                    "backoff from {first:?} to {max:?}: valid is 1 ms <= first <= max <= 1 hour"
+                ),
+            );
         }
         if self.checkpoint_interval.is_zero()
             || self.checkpoint_interval > Duration::from_secs(3600)

@@ -86,6 +86,8 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "tokio")]
+mod keep_alive;
 mod read;
 mod record;
 mod response;
@@ -113,13 +115,15 @@ pub use error::{
     StaleReason, StoreError, TxError, WriteError,
 };
 pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
+#[cfg(feature = "tokio")]
+pub use keep_alive::KeepAlive;
 pub use read::ReadTx;
 pub use record::{Record, RecordState};
 pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
 pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
 pub use stats::Stats;
 pub use storage::LooseFile;
-pub use store::{Abandoned, Compacted, Counts, Store};
+pub use store::{Abandoned, Compacted, Counts, Limits, Store};
 pub use tx::{OwnedValue, Tx};
 pub use wal::RecoveryReport;
 

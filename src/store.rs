@@ -113,6 +113,20 @@ impl Compacted {
     }
 }
 
+/// The settings a store was opened with that callers size their work by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// How long a claim holds its key before another attempt may take it over.
+    pub lease: Duration,
+    /// How long a completed record answers retries.
+    pub ttl: Duration,
+    /// The largest encoded response a commit may store.
+    pub max_response_bytes: usize,
+    /// The largest checkpoint a claim may store.
+    pub max_checkpoint_bytes: usize,
+}
+
 /// Where `begin`'s read path left a request.
 pub(crate) enum ReadPath {
     /// Answered without writing.
@@ -180,6 +194,17 @@ impl Store {
 
     pub(crate) fn engine(&self) -> &Engine {
         &self.inner.engine
+    }
+
+    /// The lease, TTL and size limits the store was opened with.
+    pub fn limits(&self) -> Limits {
+        let config = self.engine().config();
+        Limits {
+            lease: config.lease,
+            ttl: config.ttl,
+            max_response_bytes: config.max_response_bytes,
+            max_checkpoint_bytes: config.max_checkpoint_bytes,
+        }
     }
 
     /// Decides, atomically, what to do with a request for `scope` (the table in the crate
@@ -535,18 +560,17 @@ impl Store {
                 lease_until: current,
                 checkpoint,
             } = record.state
+                && current == lease_until
             {
-                if current == lease_until {
-                    out.push(Abandoned {
-                        scope,
-                        fingerprint: record.fingerprint,
-                        fence: record.fence,
-                        attempt: record.attempt,
-                        created_at: record.created_at,
-                        lease_until,
-                        checkpoint,
-                    });
-                }
+                out.push(Abandoned {
+                    scope,
+                    fingerprint: record.fingerprint,
+                    fence: record.fence,
+                    attempt: record.attempt,
+                    created_at: record.created_at,
+                    lease_until,
+                    checkpoint,
+                });
             }
         }
         Ok(out)

@@ -72,3 +72,52 @@ fn compaction_after_eviction_gives_space_back_and_keeps_the_rest() -> TestResult
     }
     Ok(())
 }
+
+/// Compaction is not refused because the store's own short reads are running (stats, counts,
+/// the abandoned-work listing, begin): it waits for them to finish. Only a snapshot the caller
+/// holds refuses it.
+#[test]
+fn compaction_waits_for_the_stores_own_readers_instead_of_failing() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = builder(&clock).open(dir.path().join("idem"))?;
+    for i in 0..200 {
+        let Begin::Claimed(claim) = store.begin(&scope(&format!("k{i}")), fp("req"))? else {
+            return Err("expected Claimed".into());
+        };
+        claim.commit(|_| Ok(Response::new(201, vec![b'x'; 512])))?;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, stop) = (store.clone(), stop.clone());
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    store.stats().map_err(|e| e.to_string())?;
+                    store.counts().map_err(|e| e.to_string())?;
+                    store.abandoned(10).map_err(|e| e.to_string())?;
+                    store.get(&scope("k1")).map_err(|e| e.to_string())?;
+                    reads += 1;
+                }
+                Ok(reads)
+            })
+        })
+        .collect();
+    let mut refused = 0;
+    for _ in 0..200 {
+        match store.compact() {
+            Ok(_) => {}
+            Err(CompactError::SnapshotOpen) => refused += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut reads = 0;
+    for reader in readers {
+        reads += reader.join().map_err(|_| "a reader panicked")??;
+    }
+    assert!(reads > 0, "the readers ran alongside");
+    assert_eq!(refused, 0, "compaction refused by the store's own readers");
+    Ok(())
+}

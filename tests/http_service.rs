@@ -23,6 +23,9 @@ use serde_json::{Value, json};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const ALICE: &str = "Bearer sk_test_alice";
+/// The operator's token, for the view of `/stats` across tenants.
+const OPERATOR_TOKEN: &str = "sk_test_operator";
+const OPERATOR: &str = "Bearer sk_test_operator";
 const BOB: &str = "Bearer sk_test_bob";
 /// How long a child may take to print an expected line (a cold start on a loaded CI machine).
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -61,6 +64,7 @@ impl Service {
             .env("EDGE_DATA", data)
             .env("EDGE_TIMEOUT_RATE", "0")
             .env("EDGE_LATENCY_MS", "20")
+            .env("EDGE_ADMIN_TOKEN", OPERATOR_TOKEN)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         for (name, value) in env {
@@ -128,8 +132,9 @@ impl Service {
         )
     }
 
+    /// The operator's view of `/stats`: every tenant's side effects and the store's counters.
     fn stats(&self) -> Result<Value, Box<dyn std::error::Error>> {
-        Ok(serde_json::from_str(&self.get("/stats", ALICE)?.body)?)
+        Ok(serde_json::from_str(&self.get("/stats", OPERATOR)?.body)?)
     }
 
     fn advance_clock(&self, seconds: u64) -> Result<(), ureq::Error> {
@@ -339,6 +344,27 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     let stats = service.stats()?;
     assert_eq!(stats["store"]["claims"], claims_before);
     assert_eq!(stats["processor"]["side_effects"], 3, "{stats}");
+
+    // The 401 carries a challenge; the scheme is matched in any case.
+    let challenge = service
+        .agent
+        .get(format!("{}/stats", service.base))
+        .call()?;
+    assert_eq!(challenge.status(), 401);
+    assert!(challenge.headers().contains_key("www-authenticate"));
+    let lower = service.get("/stats", "bearer sk_test_alice")?;
+    assert_eq!(lower.status, 200);
+
+    // A tenant's view of /stats is its own: its charges and side effects, the store's health,
+    // and none of the store's counters across tenants.
+    let alices = lower.json();
+    assert_eq!(alices["tenant"], "acct_alice");
+    assert_eq!(alices["charges"], 2, "{alices}");
+    assert_eq!(alices["processor"]["side_effects"], 2, "{alices}");
+    assert_eq!(alices["health"]["writable"], true, "{alices}");
+    assert!(alices.get("store").is_none(), "{alices}");
+    let bobs_view = service.get("/stats", BOB)?.json();
+    assert_eq!(bobs_view["processor"]["side_effects"], 1, "{bobs_view}");
     Ok(())
 }
 
@@ -436,5 +462,138 @@ fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() ->
     assert_eq!(recovered.status, 201, "{}", recovered.body);
     assert_eq!(recovered.json()["attempt"], 2);
     assert_eq!(service.stats()?["processor"]["side_effects"], 1);
+    Ok(())
+}
+
+/// A tmpfs mounted for one test, unmounted when dropped.
+struct Tmpfs {
+    path: std::path::PathBuf,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `mib` MiB on a new directory under `parent`; `Err` says why it
+    /// cannot (not root, or no mount in this sandbox).
+    fn mount(parent: &Path, mib: u32) -> Result<Tmpfs, String> {
+        let path = parent.join("small-disk");
+        std::fs::create_dir_all(&path).map_err(|e| e.to_string())?;
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("mount could not run: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Tmpfs { path })
+    }
+
+    /// Writes a file of zeros until the file system is full; returns its path.
+    fn fill(&self) -> Result<std::path::PathBuf, Box<dyn std::error::Error>> {
+        use std::io::Write;
+        let filler = self.path.join("filler");
+        let mut file = std::fs::File::create(&filler)?;
+        let chunk = vec![0u8; 64 * 1024];
+        loop {
+            match file.write_all(&chunk) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::StorageFull => break,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // Whatever fit in the last chunk: fill to the last byte.
+        for _ in 0..chunk.len() {
+            if file.write_all(&[0]).is_err() {
+                break;
+            }
+        }
+        Ok(filler)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
+/// The review's reproduction on a real file system: the service's data on a small tmpfs,
+/// filled up. Replays and reads of stored charges go on; new charges that need space get 503
+/// with a `Retry-After`; once space is freed, new charges are taken again, all without a
+/// restart, and the processor charged each key at most once. Skipped, with the reason printed,
+/// where this process may not mount a tmpfs (the simulated disk's tests cover the same paths
+/// everywhere).
+#[test]
+fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_restart() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let tmpfs = match Tmpfs::mount(dir.path(), 24) {
+        Ok(tmpfs) => tmpfs,
+        Err(why) => {
+            println!("skipped: cannot mount a tmpfs here ({why})");
+            return Ok(());
+        }
+    };
+    let ledger = dir.path().join("processor-ledger.jsonl");
+    let service = Service::start(
+        &tmpfs.path,
+        &[
+            ("EDGE_LOG_SEGMENT_KB", "64"),
+            (
+                "EDGE_PROCESSOR_LEDGER",
+                ledger.to_str().ok_or("a UTF-8 path")?,
+            ),
+        ],
+    )?;
+    let first = service.charge(ALICE, Some("before-full"), &charge_body(100))?;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let id = first.json()["id"].as_str().ok_or("an id")?.to_owned();
+
+    let filler = tmpfs.fill()?;
+    let mut refused = 0;
+    for i in 0..3_000 {
+        let answer = service.charge(ALICE, Some(&format!("full-{i}")), &charge_body(100))?;
+        match answer.status {
+            201 => {}
+            503 => {
+                refused += 1;
+                assert!(
+                    answer.retry_after.is_some_and(|s| s >= 1),
+                    "{}",
+                    answer.body
+                );
+                assert!(!answer.body.contains("os error"), "{}", answer.body);
+                // While new charges are refused, stored ones are still answered.
+                let replay = service.charge(ALICE, Some("before-full"), &charge_body(100))?;
+                assert_eq!(
+                    (replay.status, replay.replayed),
+                    (201, true),
+                    "{}",
+                    replay.body
+                );
+                assert_eq!(service.get(&format!("/charges/{id}"), ALICE)?.status, 200);
+                if refused >= 3 {
+                    break;
+                }
+            }
+            other => return Err(format!("{other}: {}", answer.body).into()),
+        }
+    }
+    assert!(refused > 0, "the full disk never refused a charge");
+
+    std::fs::remove_file(filler)?;
+    let mut resumed = false;
+    for i in 0..50 {
+        let answer = service.charge(ALICE, Some(&format!("after-{i}")), &charge_body(100))?;
+        if answer.status == 201 {
+            resumed = true;
+            break;
+        }
+        assert_eq!(answer.status, 503, "{}", answer.body);
+    }
+    assert!(
+        resumed,
+        "new charges were not taken again after space was freed"
+    );
+    let stats = service.stats()?;
+    assert_eq!(stats["health"]["writable"], true, "{stats}");
     Ok(())
 }

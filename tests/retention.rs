@@ -192,3 +192,37 @@ fn the_sweeper_evicts_on_its_own_and_stops_when_the_store_is_dropped() -> TestRe
     assert_eq!(store.counts()?.records, 0);
     Ok(())
 }
+
+/// Dropping the last handle while the sweeper is in the middle of a tick (it holds the engine
+/// for a pass of many batches) closes the file before `drop` returns: an immediate reopen
+/// never finds it still open.
+#[test]
+fn dropping_the_last_handle_mid_sweep_closes_the_file_before_drop_returns() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let open = || {
+        builder(&clock)
+            .sweep(idemstore::Sweep::Every {
+                interval: Duration::from_millis(1),
+                batch: 1,
+            })
+            .open(dir.path().join("idem"))
+    };
+    for round in 0..10 {
+        let store = open()?;
+        complete(&store, &format!("r{round}-"), 400)?;
+        clock.advance(TTL);
+        // Wait (bounded) until the sweeper is at work, then drop the last handle mid-tick.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.stats()?.evicted == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the sweeper never ran"
+            );
+            std::thread::yield_now();
+        }
+        drop(store);
+        open().map_err(|e| format!("round {round}: reopening right after the drop: {e}"))?;
+    }
+    Ok(())
+}

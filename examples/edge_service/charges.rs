@@ -5,12 +5,13 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idemstore::http::{IdempotentRequest, Tenant};
 use idemstore::redb::TableDefinition;
 use serde::{Deserialize, Serialize};
 
+use super::auth::Caller;
 use super::processor::Outcome;
 use super::{App, problem};
 
@@ -86,6 +87,7 @@ pub(crate) async fn create(
     let outcome = app
         .processor
         .charge(
+            &tenant,
             &processor_key,
             command.amount,
             &command.currency,
@@ -99,6 +101,26 @@ pub(crate) async fn create(
     }
     let processor_charge = match outcome {
         Outcome::Charged(c) | Outcome::AlreadyCharged(c) => c,
+        Outcome::Unavailable(why) => {
+            // Nothing was charged: give the key back, so the retry runs the charge again.
+            tracing::warn!(
+                key = idem.scope().key(),
+                why,
+                "the processor is unavailable"
+            );
+            if let Err(e) = idem.release().await {
+                return e.into_response();
+            }
+            let mut answer = problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "processor-unavailable",
+                "the payment processor could not take the charge and nothing was charged; retry with the same Idempotency-Key after the Retry-After seconds",
+            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            return answer;
+        }
         Outcome::TimedOut => {
             // The charge may or may not exist: leave the claim in progress. Retries get 409
             // until the lease ends; the first after it recovers and asks the processor again.
@@ -125,7 +147,15 @@ pub(crate) async fn create(
         processor_charge: processor_charge.id,
         attempt: idem.attempt(),
     };
-    let json = serde_json::to_vec(&charge).expect("a charge serializes");
+    let json = match serde_json::to_vec(&charge) {
+        Ok(json) => json,
+        Err(e) => {
+            // Unreachable for this struct; if it ever happens, the charge exists and its
+            // outcome is unknown to the client: leave the key in progress for a recovery.
+            tracing::error!(error = %e, "a charge did not serialize");
+            return idemstore::http::HandlerError::Aborted(e.into()).into_response();
+        }
+    };
     let row = format!("{tenant}/{}", charge.id);
     let location = format!("/charges/{}", charge.id);
     // The charge row and the response: one transaction.
@@ -171,37 +201,69 @@ pub(crate) async fn show(
     }
 }
 
-/// The store's stats and the processor's side-effect count.
-pub(crate) async fn stats(State(app): State<App>) -> Response {
+/// What the caller may see: its own charges and side effects, and the store's health. The
+/// operator (the admin token) also gets the store's counters across tenants.
+pub(crate) async fn stats(
+    State(app): State<App>,
+    Extension(caller): Extension<Caller>,
+) -> Response {
     let store = app.store.clone();
     let stats = match tokio::task::spawn_blocking(move || store.stats()).await {
         Ok(Ok(stats)) => stats,
         Ok(Err(e)) => {
+            tracing::error!(error = %e, "stats failed");
             return problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "store-unavailable",
-                &e.to_string(),
+                "the store's statistics cannot be read right now; try again shortly",
             )
             .into_response();
         }
         Err(e) => {
+            tracing::error!(error = %e, "stats failed");
             return problem(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "stats-failed",
-                &e.to_string(),
+                "the statistics could not be gathered",
             )
             .into_response();
         }
     };
     let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let health = serde_json::json!({
+        "writable": stats.poisoned.is_none(),
+        "restores": stats.restores,
+        "since_checkpoint_secs": secs(stats.since_checkpoint),
+    });
+    if let Caller::Tenant(tenant) = caller {
+        let charges = match count_charges(&app, &tenant).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the charges failed");
+                return problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "store-unavailable",
+                    "the charges cannot be read right now; try again shortly",
+                )
+                .into_response();
+            }
+        };
+        return Json(serde_json::json!({
+            "tenant": tenant,
+            "charges": charges,
+            "processor": { "side_effects": app.processor.side_effects_of(&tenant) },
+            "health": health,
+        }))
+        .into_response();
+    }
     Json(serde_json::json!({
         "processor": { "side_effects": app.processor.side_effects() },
+        "health": health,
         "store": {
             "in_progress": stats.in_progress,
             "completed": stats.completed,
             "tombstones": stats.tombstones,
             "oldest_in_progress_secs": secs(stats.oldest_in_progress),
-            "since_checkpoint_secs": secs(stats.since_checkpoint),
             "log_bytes_since_checkpoint": stats.log_bytes_since_checkpoint,
             "claims": stats.claims,
             "recoveries": stats.recoveries,
@@ -214,4 +276,28 @@ pub(crate) async fn stats(State(app): State<App>) -> Response {
         },
     }))
     .into_response()
+}
+
+/// The caller's charge rows (keys `tenant/...`).
+async fn count_charges(app: &App, tenant: &str) -> Result<u64, String> {
+    let store = app.store.clone();
+    let prefix = format!("{tenant}/");
+    tokio::task::spawn_blocking(move || -> Result<u64, String> {
+        let read = store.read().map_err(|e| e.to_string())?;
+        let charges = read.open_table(CHARGES).map_err(|e| e.to_string())?;
+        let mut n = 0;
+        for entry in charges
+            .range(prefix.as_str()..)
+            .map_err(|e| e.to_string())?
+        {
+            let (key, _) = entry.map_err(|e| e.to_string())?;
+            if !key.value().starts_with(&prefix) {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    })
+    .await
+    .map_err(|e| e.to_string())?
 }

@@ -17,6 +17,9 @@
 //! | `--lease-secs` | `EDGE_LEASE_SECS` | `30` |
 //! | `--wait-ms` | `EDGE_WAIT_MS` | `0` (how long a duplicate waits for the first before 409) |
 //! | `--tokens` | `EDGE_TOKENS` | `sk_test_alice=acct_alice,sk_test_bob=acct_bob` |
+//! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
+//! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
+//! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //!
 //! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
 //! a manual clock advanced by `POST /_test/clock?advance_secs=N`; `EDGE_PAUSE_AFTER_CHARGE=1`
@@ -28,6 +31,7 @@ mod processor;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{Query, State};
@@ -112,7 +116,7 @@ async fn advance_clock(State(app): State<App>, Query(q): Query<Advance>) -> Resp
     }
 }
 
-fn router(app: App, tokens: auth::Tokens, wait: Duration) -> Router {
+fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
         .max_body(16 * 1024)
@@ -122,11 +126,11 @@ fn router(app: App, tokens: auth::Tokens, wait: Duration) -> Router {
         .route("/charges/{id}", get(charges::show))
         // After routing: the operation is "POST /charges", whatever the path's ids.
         .route_layer(idempotency)
+        .route("/stats", get(charges::stats))
         // Outside: a request it refuses never reaches the store.
         .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
     Router::new()
         .merge(api)
-        .route("/stats", get(charges::stats))
         .route("/_test/clock", post(advance_clock))
         .with_state(app)
 }
@@ -144,12 +148,16 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let latency: u64 = parsed(&args, "--latency-ms", "EDGE_LATENCY_MS", "50")?;
     let lease = Duration::from_secs(parsed(&args, "--lease-secs", "EDGE_LEASE_SECS", "30")?);
     let wait = Duration::from_millis(parsed(&args, "--wait-ms", "EDGE_WAIT_MS", "0")?);
-    let tokens = auth::parse_tokens(&setting(
-        &args,
-        "--tokens",
-        "EDGE_TOKENS",
-        "sk_test_alice=acct_alice,sk_test_bob=acct_bob",
-    ))?;
+    let segment_kb: u64 = parsed(&args, "--log-segment-kb", "EDGE_LOG_SEGMENT_KB", "8192")?;
+    let tokens = auth::parse_tokens(
+        &setting(
+            &args,
+            "--tokens",
+            "EDGE_TOKENS",
+            "sk_test_alice=acct_alice,sk_test_bob=acct_bob",
+        ),
+        Some(setting(&args, "--admin-token", "EDGE_ADMIN_TOKEN", "")),
+    )?;
     let hooks = Hooks {
         manual_clock: (std::env::var("EDGE_MANUAL_CLOCK").as_deref() == Ok("1"))
             .then(|| ManualClock::new(SystemClock.now())),
@@ -157,17 +165,23 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     std::fs::create_dir_all(&data)?;
-    let mut builder = Store::builder().table(charges::CHARGES).lease(lease);
+    let mut builder = Store::builder()
+        .table(charges::CHARGES)
+        .lease(lease)
+        .log_segment_bytes(segment_kb * 1024)
+        .checkpoint_bytes((segment_kb * 1024).max(64 * 1024 * 1024));
     if let Some(clock) = &hooks.manual_clock {
         builder = builder.clock(clock.clone());
     }
     let store = builder.open(data.join("edge_service"))?;
     let replayed = store.recovery_report().frames_replayed;
-    let processor = Processor::open(
-        &data.join("processor-ledger.jsonl"),
-        timeout_rate,
-        Duration::from_millis(latency),
-    )?;
+    let ledger = PathBuf::from(setting(
+        &args,
+        "--processor-ledger",
+        "EDGE_PROCESSOR_LEDGER",
+        &data.join("processor-ledger.jsonl").to_string_lossy(),
+    ));
+    let processor = Processor::open(&ledger, timeout_rate, Duration::from_millis(latency))?;
     let app = App {
         store: store.clone(),
         processor,

@@ -8,8 +8,10 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -18,6 +20,9 @@ use serde::{Deserialize, Serialize};
 pub(crate) struct ProcessorCharge {
     pub(crate) id: String,
     pub(crate) key: String,
+    /// The merchant account charged for (a processor knows its merchants).
+    #[serde(default)]
+    pub(crate) tenant: String,
     pub(crate) amount: u64,
     pub(crate) currency: String,
     pub(crate) customer: String,
@@ -32,6 +37,9 @@ pub(crate) enum Outcome {
     AlreadyCharged(ProcessorCharge),
     /// The charge was made but the answer was lost on the way back.
     TimedOut,
+    /// The processor could not take the charge (its ledger could not be written): nothing
+    /// was charged, so the request may simply be tried again.
+    Unavailable(String),
 }
 
 struct Ledger {
@@ -83,6 +91,7 @@ impl Processor {
     /// Charges `amount` once per `key`.
     pub(crate) async fn charge(
         &self,
+        tenant: &str,
         key: &str,
         amount: u64,
         currency: &str,
@@ -93,13 +102,14 @@ impl Processor {
         let charge = ProcessorCharge {
             id: String::new(),
             key: key.to_owned(),
+            tenant: tenant.to_owned(),
             amount,
             currency: currency.to_owned(),
             customer: customer.to_owned(),
         };
         // The ledger append is synced: a blocking call, kept off the runtime's workers.
-        tokio::task::spawn_blocking(move || {
-            let mut ledger = ledger.lock().expect("ledger lock");
+        let charged = tokio::task::spawn_blocking(move || {
+            let mut ledger = ledger.lock();
             if let Some(existing) = ledger.by_key.get(&charge.key) {
                 return Outcome::AlreadyCharged(existing.clone());
             }
@@ -107,10 +117,11 @@ impl Processor {
                 id: format!("py_{:06}", ledger.by_key.len() + 1),
                 ..charge
             };
-            let mut line = serde_json::to_vec(&charge).expect("a charge serializes");
-            line.push(b'\n');
-            ledger.file.write_all(&line).expect("ledger append");
-            ledger.file.sync_data().expect("ledger sync");
+            // A charge that is not in the ledger did not happen: a failed append (a full
+            // disk) charges nothing, and says so.
+            if let Err(e) = ledger.append(&charge) {
+                return Outcome::Unavailable(format!("the processor's ledger: {e}"));
+            }
             ledger.by_key.insert(charge.key.clone(), charge.clone());
             if ledger.roll() < rate {
                 Outcome::TimedOut
@@ -118,17 +129,43 @@ impl Processor {
                 Outcome::Charged(charge)
             }
         })
-        .await
-        .expect("the ledger task does not panic")
+        .await;
+        charged.unwrap_or_else(|e| Outcome::Unavailable(format!("the processor failed: {e}")))
     }
 
     /// Charges made since the ledger was created: the side effects that happened.
     pub(crate) fn side_effects(&self) -> u64 {
-        self.ledger.lock().expect("ledger lock").by_key.len() as u64
+        self.ledger.lock().by_key.len() as u64
+    }
+
+    /// Charges made for one merchant account.
+    pub(crate) fn side_effects_of(&self, tenant: &str) -> u64 {
+        self.ledger
+            .lock()
+            .by_key
+            .values()
+            .filter(|c| c.tenant == tenant)
+            .count() as u64
     }
 }
 
 impl Ledger {
+    /// Appends a charge to the ledger file and syncs it. A failed write is truncated away, so
+    /// the file never holds half a line.
+    fn append(&mut self, charge: &ProcessorCharge) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(charge)?;
+        line.push(b'\n');
+        let before = self.file.metadata()?.len();
+        let written = self
+            .file
+            .write_all(&line)
+            .and_then(|()| self.file.sync_data());
+        if written.is_err() {
+            let _ = self.file.set_len(before);
+        }
+        written
+    }
+
     /// A number in [0, 1) (xorshift; the example needs no better).
     fn roll(&mut self) -> f64 {
         self.rng ^= self.rng << 13;

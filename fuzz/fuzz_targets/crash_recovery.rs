@@ -19,6 +19,7 @@ enum FuzzFault {
     CrashAt(u16),
     FailAt(u16),
     FailSync(u8),
+    FullAt(u16),
 }
 
 #[derive(Debug, Arbitrary)]
@@ -86,6 +87,7 @@ fuzz_target!(|input: Input| {
             FuzzFault::CrashAt(n) => Fault::CrashAt(u64::from(n)),
             FuzzFault::FailAt(n) => Fault::FailAt(u64::from(n)),
             FuzzFault::FailSync(n) => Fault::FailSync(u64::from(n)),
+            FuzzFault::FullAt(n) => Fault::FullAt(u64::from(n)),
         },
         tear: match input.torn_sectors % 4 {
             0 => Tear::Drop,

@@ -5,6 +5,8 @@
 //! job's group is durable.
 
 mod backoff;
+#[cfg(feature = "http")]
+pub(crate) use backoff::random_fraction;
 mod catch_up;
 pub(crate) mod context;
 pub(crate) mod counters;
@@ -452,10 +454,73 @@ impl Drop for Engine {
         // Waiting for it makes drop-then-reopen work: the file is closed when drop returns. The
         // last handle can be dropped on the writer itself (inside a closure), which must not
         // wait for itself; it exits on its own right after.
-        if std::thread::current().id() != self.writer_id {
-            if let Some(writer) = self.writer.take() {
-                let _ = writer.join();
-            }
+        if std::thread::current().id() != self.writer_id
+            && let Some(writer) = self.writer.take()
+        {
+            let _ = writer.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::clock::{ManualClock, Timestamp};
+    use crate::config::{SelfHeal, Sweep};
+    use crate::error::{BeginError, StoreError};
+    use crate::{Begin, Fingerprint, Response, Scope, Store};
+
+    /// While poisoned (here with self-heal off, so it stays so), a store answers everything
+    /// that only reads: a replay, `get`, business reads, stats (which say why). Writes are
+    /// refused with the cause. `reopen` brings it back.
+    #[test]
+    fn a_poisoned_store_answers_reads_refuses_writes_and_comes_back_on_reopen()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
+            .sweep(Sweep::Off)
+            .self_heal(SelfHeal::Off)
+            .open(dir.path().join("idem"))?;
+        let scope = Scope::new("t", "op", "done")?;
+        let fingerprint = Fingerprint::of_bytes(b"request");
+        let Begin::Claimed(claim) = store.begin(&scope, fingerprint)? else {
+            return Err("a new key is claimed".into());
+        };
+        claim.commit(|_| Ok(Response::new(201, "stored")))?;
+
+        let cause = StoreError::unknown("syncing the log", &"an injected failure");
+        store.engine().shared.poison.set(&cause);
+        assert!(
+            matches!(store.begin(&scope, fingerprint)?, Begin::Replay(r) if r.body() == b"stored")
+        );
+        assert!(store.get(&scope)?.is_some());
+        assert!(store.read().is_ok(), "business reads");
+        let stats = store.stats()?;
+        assert!(
+            stats
+                .poisoned
+                .as_deref()
+                .is_some_and(|c| c.contains("injected")),
+            "{stats:?}"
+        );
+        let refused = store
+            .begin(&Scope::new("t", "op", "new")?, fingerprint)
+            .err()
+            .ok_or("a poisoned store took a new claim")?;
+        assert!(
+            matches!(refused, BeginError::Store(StoreError::Poisoned { .. })),
+            "{refused}"
+        );
+        assert!(store.writable().is_err());
+
+        let report = store.reopen()?;
+        assert_eq!(report.bytes_dropped, 0);
+        assert!(store.writable().is_ok());
+        assert!(matches!(
+            store.begin(&Scope::new("t", "op", "new")?, fingerprint)?,
+            Begin::Claimed(_)
+        ));
+        assert_eq!(store.stats()?.restores, 1);
+        Ok(())
     }
 }

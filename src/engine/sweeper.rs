@@ -54,10 +54,10 @@ impl Drop for Sweeper {
         self.stop = None;
         // The last handle to a store can be dropped on the sweeper itself (it held the engine
         // for a tick); it must not wait for itself, and exits on its own right after.
-        if std::thread::current().id() != self.thread_id {
-            if let Some(thread) = self.thread.take() {
-                let _ = thread.join();
-            }
+        if std::thread::current().id() != self.thread_id
+            && let Some(thread) = self.thread.take()
+        {
+            let _ = thread.join();
         }
     }
 }

@@ -529,10 +529,10 @@ impl Writer {
 
     /// What follows a publish: a checkpoint, then work that needs the database to itself.
     fn after_publish(&mut self, epoch: &mut Epoch) -> Result<(), StoreError> {
-        if epoch.needs >= Needs::Checkpointed {
-            if let Err(e) = self.checkpoint() {
-                return Err(self.checkpoint_failed(e));
-            }
+        if epoch.needs >= Needs::Checkpointed
+            && let Err(e) = self.checkpoint()
+        {
+            return Err(self.checkpoint_failed(e));
         }
         if epoch.needs == Needs::Exclusive {
             let mut slot = self.shared.db.write();
@@ -813,10 +813,11 @@ impl Writer {
         let due = log.since_checkpoint() >= self.shared.config.checkpoint_bytes
             || (log.since_checkpoint() > 0
                 && self.last_checkpoint.elapsed() >= self.shared.config.checkpoint_interval);
-        if due && self.checkpoint_retry.due() {
-            if let Err(e) = self.checkpoint() {
-                self.checkpoint_failed(e);
-            }
+        if due
+            && self.checkpoint_retry.due()
+            && let Err(e) = self.checkpoint()
+        {
+            self.checkpoint_failed(e);
         }
     }
 

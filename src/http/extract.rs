@@ -322,25 +322,38 @@ pub enum HandlerError {
 
 impl IntoResponse for HandlerError {
     fn into_response(self) -> axum::response::Response {
-        let (status, kind) = match &self {
+        // The detail says what the client should do; what failed inside (scopes, fences,
+        // storage errors) goes to the log.
+        tracing::warn!(error = %self, "an idempotent handler failed");
+        let (status, kind, detail) = match &self {
             HandlerError::Store(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "idempotency-store-unavailable",
+                "the service could not record the request's outcome, so it is unknown: retry with the same key after the Retry-After seconds, and the retry finds it out",
             ),
-            HandlerError::Stale(_) => (StatusCode::CONFLICT, "claim-taken-over"),
+            HandlerError::Stale(_) => (
+                StatusCode::CONFLICT,
+                "claim-taken-over",
+                "this attempt ran past its lease and another attempt of the same request took over; retry with the same key after the Retry-After seconds to get that attempt's outcome",
+            ),
+            HandlerError::Finished(_) | HandlerError::Busy => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "idempotent-handler-failed",
+                "the service finished this request's claim twice (a bug in the service); the request's outcome is unknown: retry with the same key once its lease ends",
+            ),
             _ => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "idempotent-handler-failed",
+                "the request's outcome is unknown: retry with the same key once its lease ends, and the retry finds it out",
             ),
         };
-        let detail = match &self {
-            // Misuse of the claim: the claim's own state is whatever finished it.
-            HandlerError::Finished(_) | HandlerError::Busy => self.to_string(),
-            _ => format!(
-                "{self}; the request's outcome is unknown: retry with the same key once the claim's lease ends, and the retry finds it out"
-            ),
-        };
-        let mut response = problem(status, kind, "The request could not be completed", &detail);
+        let mut response = problem(status, kind, "The request could not be completed", detail);
+        if matches!(self, HandlerError::Stale(_) | HandlerError::Store(_)) {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         response.extensions_mut().insert(LeaveInProgress);
         response
     }

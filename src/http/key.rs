@@ -74,7 +74,7 @@ pub(crate) fn read_key(headers: &HeaderMap) -> Result<KeyHeader, KeyProblem> {
 }
 
 /// The rest of an RFC 8941 string after its opening quote: characters up to the closing quote,
-/// `\"` and `\\` escaped; parameters after it (`;a=1`) are allowed and ignored.
+/// `\"` and `\\` escaped; well-formed parameters after it (`;a=1`) are allowed and ignored.
 fn parse_sf_string(rest: &str) -> Result<String, KeyProblem> {
     let mut out = String::new();
     let mut chars = rest.chars();
@@ -102,10 +102,95 @@ fn parse_sf_string(rest: &str) -> Result<String, KeyProblem> {
     if after.trim_start_matches([' ', '\t']).starts_with(',') {
         return Err(KeyProblem::Repeated);
     }
-    if !after.is_empty() && !after.starts_with(';') {
-        return Err(KeyProblem::Malformed("text after the quoted string"));
-    }
+    parameters(&after)?;
     Ok(out)
+}
+
+/// Checks the parameters after a string item (RFC 8941, section 3.1.2): `*( ";" *SP key [ "="
+/// bare-item ] )`, nothing else. They are accepted and ignored; anything malformed is refused
+/// rather than guessed at.
+fn parameters(mut rest: &str) -> Result<(), KeyProblem> {
+    const BAD: KeyProblem = KeyProblem::Malformed("malformed parameters after the quoted key");
+    while let Some(after_semicolon) = rest.strip_prefix(';') {
+        let param = after_semicolon.trim_start_matches(' ');
+        let key_len = param
+            .char_indices()
+            .find(|&(i, c)| !is_key_char(c, i == 0))
+            .map_or(param.len(), |(i, _)| i);
+        if key_len == 0 {
+            return Err(BAD);
+        }
+        rest = &param[key_len..];
+        if let Some(value) = rest.strip_prefix('=') {
+            let used = bare_item(value).ok_or(BAD)?;
+            rest = &value[used..];
+        }
+    }
+    if rest.is_empty() { Ok(()) } else { Err(BAD) }
+}
+
+/// Whether `c` may appear in a parameter key (`first`: as its first character).
+fn is_key_char(c: char, first: bool) -> bool {
+    c.is_ascii_lowercase() || c == '*' || (!first && (c.is_ascii_digit() || "_-.".contains(c)))
+}
+
+/// The length of the bare item at the start of `text` (integer, decimal, string, token, byte
+/// sequence or boolean), if one starts there.
+fn bare_item(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    match *bytes.first()? {
+        b'"' => {
+            let mut i = 1;
+            loop {
+                match *bytes.get(i)? {
+                    b'"' => return Some(i + 1),
+                    b'\\' => match *bytes.get(i + 1)? {
+                        b'"' | b'\\' => i += 2,
+                        _ => return None,
+                    },
+                    b' '..=b'~' => i += 1,
+                    _ => return None,
+                }
+            }
+        }
+        b'?' => matches!(bytes.get(1), Some(b'0' | b'1')).then_some(2),
+        b':' => {
+            let end = bytes[1..].iter().position(|&b| b == b':')? + 1;
+            bytes[1..end]
+                .iter()
+                .all(|&b| b.is_ascii_alphanumeric() || b"+/=".contains(&b))
+                .then_some(end + 1)
+        }
+        b'-' | b'0'..=b'9' => {
+            let sign = usize::from(bytes[0] == b'-');
+            let int = bytes[sign..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            if int == 0 || int > 15 {
+                return None;
+            }
+            let mut end = sign + int;
+            if bytes.get(end) == Some(&b'.') {
+                let frac = bytes[end + 1..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                if int > 12 || frac == 0 || frac > 3 {
+                    return None;
+                }
+                end += 1 + frac;
+            }
+            Some(end)
+        }
+        c if c.is_ascii_alphabetic() || c == b'*' => Some(
+            bytes
+                .iter()
+                .position(|&b| !(b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b)))
+                .unwrap_or(bytes.len()),
+        ),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -158,5 +243,36 @@ mod tests {
         assert!(matches!(key(&["\"a\\x\""]), Err(KeyProblem::Malformed(_))));
         assert!(matches!(key(&["\"a\" b"]), Err(KeyProblem::Malformed(_))));
         assert!(matches!(key(&["a\"b"]), Err(KeyProblem::Malformed(_))));
+    }
+
+    #[test]
+    fn parameters_are_checked_against_rfc_8941() {
+        for ok in [
+            "\"k\";a",
+            "\"k\";a=1;b=?0",
+            "\"k\"; a=-1.5;b=\"x\\\"y\";c=tok/en:1;d=:aGk=:;e*_.-=*",
+            "\"k\";a=123456789012345",
+        ] {
+            assert_eq!(key(&[ok]), Ok(KeyHeader::Present("k".into())), "{ok}");
+        }
+        for bad in [
+            "\"p1\";;;garbage",
+            "\"k\";",
+            "\"k\";A=1",
+            "\"k\";1a=1",
+            "\"k\";a=",
+            "\"k\";a=?2",
+            "\"k\";a=1.2345",
+            "\"k\";a=1234567890123456",
+            "\"k\";a=\"open",
+            "\"k\";a=:not base64!:",
+            "\"k\";a=1 b",
+            "\"k\";a=1;",
+        ] {
+            assert!(
+                matches!(key(&[bad]), Err(KeyProblem::Malformed(_))),
+                "{bad}"
+            );
+        }
     }
 }

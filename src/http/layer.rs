@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use axum::extract::MatchedPath;
 use axum::http::request::Parts;
-use axum::http::{HeaderName, Method, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use tower::Layer;
 
+use super::outage::Outage;
 use super::service::IdempotencyService;
 use crate::store::Store;
 
@@ -84,6 +85,8 @@ type OperationFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
 
 /// Default largest request body buffered for fingerprinting.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default time a response body is still drained after its client went away.
+pub const DEFAULT_DETACHED_STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The layer's settings, shared by every service it builds.
 #[derive(Clone)]
@@ -96,6 +99,12 @@ pub(crate) struct Settings {
     pub(crate) wait: Duration,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) failures: Failures,
+    /// `WWW-Authenticate` of a 401 for a request with no tenant.
+    pub(crate) challenge: HeaderValue,
+    /// How long a response body is still drained after its client went away.
+    pub(crate) detached_stream_timeout: Duration,
+    /// The store's outage, for `Retry-After` on 503s.
+    pub(crate) outage: Arc<Outage>,
 }
 
 impl Settings {
@@ -175,6 +184,9 @@ impl IdempotencyLayer {
                 wait: Duration::ZERO,
                 replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
                 failures: Failures::Store,
+                challenge: HeaderValue::from_static("Bearer"),
+                detached_stream_timeout: DEFAULT_DETACHED_STREAM_TIMEOUT,
+                outage: Arc::new(Outage::default()),
             }),
         }
     }
@@ -257,6 +269,23 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn failures(mut self, failures: Failures) -> Self {
         self.settings().failures = failures;
+        self
+    }
+
+    /// The `WWW-Authenticate` challenge of the 401 for a request with no tenant (RFC 9110
+    /// requires one). Default `Bearer`.
+    #[must_use]
+    pub fn challenge(mut self, challenge: HeaderValue) -> Self {
+        self.settings().challenge = challenge;
+        self
+    }
+
+    /// How long a claimed request's response body is still read after its client went away,
+    /// so that its outcome is stored for the retry. A body that has not ended by then (an
+    /// endless event stream) gets the fixed 500 stored in its place. Default 60 s.
+    #[must_use]
+    pub fn detached_stream_timeout(mut self, timeout: Duration) -> Self {
+        self.settings().detached_stream_timeout = timeout;
         self
     }
 }

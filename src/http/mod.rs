@@ -7,16 +7,17 @@
 //! | --- | --- |
 //! | repeated (two headers or a list), empty, over-long or malformed key; missing key where required | 400 problem |
 //! | an operation name (method and path) too long to scope a key | 400 problem |
-//! | no authenticated tenant | 401 problem |
+//! | no authenticated tenant | 401 problem, `WWW-Authenticate` |
 //! | body over the buffering limit | 413 problem |
-//! | new key | the handler runs; its response is stored with the key |
+//! | new key | the handler runs on its own task (to the end, even if the client goes away); its response streams to the client and is stored with the key |
+//! | new key, refused by an extractor before the handler began ([`NotStarted`]) | that answer; the key is released, so the corrected request runs |
 //! | new key, and the handler fails with a [`HandlerError`], panics, or is cancelled | the claim is left in progress: its outcome is unknown |
-//! | new key, and the handler's response is too large to store | a fixed 500 problem is stored in its place |
+//! | new key, and the handler's response is too large to store | the client gets it whole; a fixed 500 problem is stored in its place |
 //! | key of a completed request, same request | the stored response, `Idempotent-Replayed: true` |
 //! | key of a request in flight | 409 problem, `Retry-After` (or wait first: [`IdempotencyLayer::wait`]) |
 //! | key used for a different request | 422 problem |
 //! | key whose response expired but whose tombstone is kept | 410 problem |
-//! | the store cannot answer | 503 problem, `Retry-After` |
+//! | the store cannot answer (a full disk, recovering) | 503 problem, `Retry-After` growing with the outage, with jitter |
 //!
 //! The request is identified by tenant (from authentication), operation (method and matched
 //! route) and key; it is fingerprinted by method, path and query, and body (a JSON body in its
@@ -27,17 +28,25 @@
 //! bodies are `application/problem+json` (RFC 9457). The mapping to HTTP status codes lives in
 //! this module only: the core knows nothing of HTTP.
 
+mod claimed;
 mod convert;
 mod extract;
 mod jcs;
 mod key;
 mod layer;
+mod outage;
 mod problem;
+mod rejection;
 mod request;
 mod service;
+mod stream;
 
 pub use convert::IDEMPOTENT_REPLAYED;
 pub use extract::{Finish, HandlerError, IdempotentRequest, MissingClaim};
 pub use key::IDEMPOTENCY_KEY;
-pub use layer::{DEFAULT_MAX_BODY, Failures, IdempotencyLayer, KeyPolicy, Tenant};
+pub use layer::{
+    DEFAULT_DETACHED_STREAM_TIMEOUT, DEFAULT_MAX_BODY, Failures, IdempotencyLayer, KeyPolicy,
+    Tenant,
+};
+pub use rejection::NotStarted;
 pub use service::IdempotencyService;

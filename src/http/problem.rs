@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
 
 use crate::clock::Timestamp;
+use crate::error::StoreError;
 
 /// A problem answer: `type` is a URN naming the case, `title` says what it is, `detail` what
 /// happened and what to do.
@@ -81,14 +82,18 @@ pub(crate) fn invalid_tenant() -> Response<Body> {
     )
 }
 
-/// 401: no tenant to scope the key to.
-pub(crate) fn no_tenant() -> Response<Body> {
-    problem(
+/// 401: no tenant to scope the key to, with the challenge RFC 9110 (section 15.5.2) requires.
+pub(crate) fn no_tenant(challenge: &HeaderValue) -> Response<Body> {
+    let mut response = problem(
         StatusCode::UNAUTHORIZED,
         "no-tenant",
         "The request is not authenticated",
         "idempotency keys are kept per caller and this request has none; authenticate and retry",
-    )
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, challenge.clone());
+    response
 }
 
 /// 413: the body is over the limit buffered for fingerprinting.
@@ -133,18 +138,37 @@ pub(crate) fn expired(completed_at: Timestamp) -> Response<Body> {
     )
 }
 
-/// 503: the store could not decide; nothing was claimed.
-pub(crate) fn store_unavailable(error: &dyn std::error::Error) -> Response<Body> {
+/// 503: the store could not decide; nothing was claimed. The detail says what the client
+/// should do, never what failed inside (the caller logs that); `retry_after` grows with the
+/// outage and is spread at random.
+pub(crate) fn store_unavailable(error: &StoreError, retry_after: Duration) -> Response<Body> {
+    let seconds = retry_after.as_secs().max(1);
+    let what = if error.io_kind() == Some(std::io::ErrorKind::StorageFull) {
+        "the service's storage is full"
+    } else {
+        "the service's idempotency store is recovering"
+    };
     let mut response = problem(
         StatusCode::SERVICE_UNAVAILABLE,
         "idempotency-store-unavailable",
         "The idempotency store is unavailable",
-        &format!("{error}; retry with the same key"),
+        &format!("{what}; nothing was run. Retry with the same key after {seconds} seconds"),
     );
     response
         .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
     response
+}
+
+/// 500: the task running a claimed request ended without an answer (it was cancelled as the
+/// runtime shut down). The claim stays in progress: its outcome is unknown.
+pub(crate) fn handler_lost() -> Response<Body> {
+    problem(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "idempotent-handler-failed",
+        "The request could not be completed",
+        "the request's outcome is unknown: retry with the same key once its lease ends, and the retry finds it out",
+    )
 }
 
 /// The 500 stored in place of a handler's response that cannot be stored (over the store's

@@ -9,17 +9,18 @@ use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{Request, Response};
-use http_body_util::{BodyExt, Limited};
 use tower::Service;
 
+use tokio::sync::oneshot;
+
+use super::claimed;
 use super::convert::{self, Delivery};
-use super::extract::{AfterHandler, IdempotentRequest, LeaveInProgress};
 use super::key::{KeyHeader, read_key};
-use super::layer::{Handling, KeyPolicy, Settings};
+use super::layer::{KeyPolicy, Settings};
 use super::problem;
 use super::request::{self, BodyProblem};
-use crate::claim::{Begin, Claim};
-use crate::error::{BoxError, CommitError};
+use crate::claim::Begin;
+use crate::error::BoxError;
 use crate::scope::{Scope, ScopePart};
 use crate::store::Store;
 
@@ -106,7 +107,7 @@ fn admit(settings: &Settings, parts: &axum::http::request::Parts) -> Admission {
         Err(why) => return Admission::Refused(problem::bad_key(&why.detail())),
     };
     let Some(tenant) = (settings.tenant)(parts) else {
-        return Admission::Refused(problem::no_tenant());
+        return Admission::Refused(problem::no_tenant(&settings.challenge));
     };
     let operation = (settings.operation)(parts);
     match Scope::new(tenant, operation, key) {
@@ -130,7 +131,9 @@ async fn serve<S, B>(
     request: Request<Body>,
 ) -> Result<Response<Body>, S::Error>
 where
-    S: Service<Request<Body>, Response = Response<B>>,
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
@@ -157,95 +160,43 @@ where
             .await
     };
     let claim = match begun {
-        Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => claim,
-        Ok(Begin::Replay(stored)) => return Ok(convert::to_http(&stored, Delivery::Replay)),
-        Ok(Begin::InProgress { retry_after }) => return Ok(problem::in_progress(retry_after)),
-        Ok(Begin::Mismatch) => return Ok(problem::mismatch()),
-        Ok(Begin::Expired { completed_at }) => return Ok(problem::expired(completed_at)),
-        Err(e) => return Ok(problem::store_unavailable(&e)),
+        Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => {
+            settings.outage.answered();
+            claim
+        }
+        Ok(other) => {
+            settings.outage.answered();
+            return Ok(match other {
+                Begin::Replay(stored) => convert::to_http(&stored, Delivery::Replay),
+                Begin::InProgress { retry_after } => problem::in_progress(retry_after),
+                Begin::Mismatch => problem::mismatch(),
+                Begin::Expired { completed_at } => problem::expired(completed_at),
+                Begin::Claimed(_) | Begin::Recovered(_) => unreachable_claim(),
+            });
+        }
+        Err(crate::error::BeginError::Store(e)) => {
+            tracing::error!(%scope, error = %e, "the idempotency store could not answer");
+            return Ok(problem::store_unavailable(&e, settings.outage.failed()));
+        }
     };
 
-    let handle = IdempotentRequest::new(claim);
-    let mut request = Request::from_parts(parts, Body::from(bytes));
-    request.extensions_mut().insert(handle.clone());
-    // If this await never finishes (a panic, a dropped future), `handle` and the claim in it
-    // are dropped unfinished: the claim stays in progress until its lease ends.
-    let response = inner.call(request).await?;
-    match handle.after_handler() {
-        AfterHandler::Finished => Ok(response.map(Body::new)),
-        AfterHandler::Unfinished(claim)
-            if response.extensions().get::<LeaveInProgress>().is_some() =>
-        {
-            // The handler returned a `HandlerError`: its outcome is unknown, so the claim is
-            // neither stored nor released; the next attempt after the lease is a recovery.
-            tracing::warn!(scope = %claim.scope(), status = %response.status(), "the handler failed with its outcome unknown; the claim is left in progress");
-            drop(claim);
-            Ok(response.map(Body::new))
-        }
-        AfterHandler::Unfinished(claim) => Ok(finish(&store, &settings, claim, response).await),
+    // From here the request is the store's: it runs to the end on its own task, even if this
+    // future is dropped because the client went away.
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let (reply, answer) = oneshot::channel();
+    let task = tokio::spawn(claimed::run(inner, store, settings, claim, request, reply));
+    match answer.await {
+        Ok(result) => result,
+        Err(_) => match task.await {
+            // The handler panicked: as if it had run here, the panic goes on up (to a
+            // catch-panic layer, or to the server, which drops the connection).
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            _ => Ok(problem::handler_lost()),
+        },
     }
 }
 
-/// Stores (or releases, by the failures policy) the response of a handler that did not finish
-/// its claim, and answers it.
-async fn finish<B>(
-    store: &Store,
-    settings: &Settings,
-    claim: Claim,
-    response: Response<B>,
-) -> Response<Body>
-where
-    B: HttpBody<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    if settings.failures.handling(response.status()) == Handling::Release {
-        if let Err(e) = claim.release_async().await {
-            tracing::warn!(error = %e, "could not release the claim after an error response");
-        }
-        return response.map(Body::new);
-    }
-    let limit = store.engine().config().max_response_bytes;
-    let (parts, body) = response.into_parts();
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => {
-            tracing::error!(scope = %claim.scope(), error = %e, limit, "the handler's response cannot be stored; a fixed 500 is stored in its place");
-            return store_in_place(claim, problem::response_not_stored(limit)).await;
-        }
-    };
-    let stored = convert::to_stored(
-        parts.status,
-        &parts.headers,
-        &settings.replay_headers,
-        &bytes,
-    );
-    let scope = claim.scope().clone();
-    match claim.commit_async(move |_tx| Ok(stored)).await {
-        Ok(_) => {}
-        Err(CommitError::InvalidResponse { source, claim }) => {
-            // Within the body limit, but its headers make it too large (or too many).
-            tracing::error!(%scope, error = %source, "the handler's response cannot be stored; a fixed 500 is stored in its place");
-            return store_in_place(*claim, problem::response_not_stored(limit)).await;
-        }
-        Err(e) => {
-            // The handler's work is done but its response is not recorded: the claim is left
-            // in progress (or another attempt holds it), and a retry after the lease is a
-            // recovery. The client still gets the answer the handler gave.
-            tracing::error!(error = %e, %scope, "the handler's response was not stored");
-            drop(e.into_claim());
-        }
-    }
-    Response::from_parts(parts, Body::from(bytes))
-}
-
-/// Stores `answer` in place of a handler's response that cannot be stored, and answers it: the
-/// handler ran, so retries get this fixed answer instead of running it again. If even that
-/// fails, the claim is left in progress (a retry after the lease is a recovery).
-async fn store_in_place(claim: Claim, answer: crate::response::Response) -> Response<Body> {
-    let first = convert::to_http(&answer, Delivery::First);
-    if let Err(e) = claim.commit_async(move |_tx| Ok(answer)).await {
-        tracing::error!(error = %e, "the answer in place of the handler's response was not stored either");
-        drop(e.into_claim());
-    }
-    first
+/// `Claimed` and `Recovered` are handled before: this arm is never taken.
+fn unreachable_claim() -> Response<Body> {
+    problem::handler_lost()
 }

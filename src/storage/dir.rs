@@ -28,10 +28,10 @@ impl LogDir for FsLogDir {
         let mut names = Vec::new();
         for entry in std::fs::read_dir(&self.path)? {
             let entry = entry?;
-            if entry.file_type()?.is_file() {
-                if let Some(name) = entry.file_name().to_str() {
-                    names.push(name.to_owned());
-                }
+            if entry.file_type()?.is_file()
+                && let Some(name) = entry.file_name().to_str()
+            {
+                names.push(name.to_owned());
             }
         }
         Ok(names)

@@ -51,25 +51,25 @@ pub fn check_log_decode(bytes: &[u8]) -> Result<usize, Violation> {
             ));
         }
         Stop::Invalid { offset } => {
-            if let Some(later) = later_frame(bytes, offset, scanned.header.number, expected_seq) {
-                if later.offset <= offset {
-                    return fail(format!(
-                        "a later frame at {} is not after {offset}",
-                        later.offset
-                    ));
-                }
+            if let Some(later) = later_frame(bytes, offset, scanned.header.number, expected_seq)
+                && later.offset <= offset
+            {
+                return fail(format!(
+                    "a later frame at {} is not after {offset}",
+                    later.offset
+                ));
             }
         }
         Stop::EndOfFile => {}
     }
     let replayed = recovered_frames(bytes)?;
-    if let Some(replayed) = replayed {
-        if replayed > scanned.frames.len() {
-            return fail(format!(
-                "recovery replayed {replayed} frames of a segment with {} valid ones",
-                scanned.frames.len()
-            ));
-        }
+    if let Some(replayed) = replayed
+        && replayed > scanned.frames.len()
+    {
+        return fail(format!(
+            "recovery replayed {replayed} frames of a segment with {} valid ones",
+            scanned.frames.len()
+        ));
     }
     Ok(scanned.frames.len())
 }

@@ -82,6 +82,9 @@ struct SimFile {
     pending: Vec<Pending>,
     /// Whether the file would still exist after a crash.
     entry_durable: bool,
+    /// The furthest byte ever written: the blocks the file holds (a length change makes
+    /// holes, not blocks).
+    allocated: u64,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +99,9 @@ struct DiskState {
     counters: DiskCounters,
     /// The most recent write whose file has not been synced since: (file, offset, data).
     in_flight: Option<(String, u64, Vec<u8>)>,
+    /// While set, a write that needs space a file does not hold yet fails with `StorageFull`
+    /// (see [`SimDisk::set_full`]).
+    full: bool,
 }
 
 /// A simulated disk shared by a store's database and log. Clones are the same disk.
@@ -137,6 +143,15 @@ impl SimDisk {
         self.lock().plan = plan;
     }
 
+    /// Fills the disk (`true`), as a real one fills: from now on a write that needs blocks a
+    /// file does not hold yet (past the furthest byte ever written to it: growing it, or
+    /// filling a hole a length change left) fails with `StorageFull`, until it is emptied again
+    /// (`false`). Overwriting what a file holds (a preallocated log segment, a page of the
+    /// database written before) still works, and so do reads, syncs and length changes.
+    pub fn set_full(&self, full: bool) {
+        self.lock().full = full;
+    }
+
     /// What the disk has done so far.
     pub fn counters(&self) -> DiskCounters {
         self.lock().counters
@@ -170,21 +185,22 @@ impl SimDisk {
                         durable: f.durable.clone(),
                         pending: Vec::new(),
                         entry_durable: true,
+                        allocated: f.durable.len() as u64,
                     },
                 )
             })
             .collect();
-        if let (Tear::Sectors(n), Some((name, offset, data))) = (tear, &state.in_flight) {
-            if let Some(file) = files.get_mut(name) {
-                // Keep whole sectors from the start of the write.
-                let first_boundary = (offset / SECTOR + 1) * SECTOR;
-                let keep_end = (first_boundary + (n.saturating_sub(1)) * SECTOR)
-                    .min(offset + data.len() as u64);
-                let keep = if n == 0 { 0 } else { keep_end - offset };
-                let keep = usize::try_from(keep).unwrap_or(usize::MAX).min(data.len());
-                apply_write(&mut file.live, *offset, &data[..keep]);
-                file.durable = file.live.clone();
-            }
+        if let (Tear::Sectors(n), Some((name, offset, data))) = (tear, &state.in_flight)
+            && let Some(file) = files.get_mut(name)
+        {
+            // Keep whole sectors from the start of the write.
+            let first_boundary = (offset / SECTOR + 1) * SECTOR;
+            let keep_end =
+                (first_boundary + (n.saturating_sub(1)) * SECTOR).min(offset + data.len() as u64);
+            let keep = if n == 0 { 0 } else { keep_end - offset };
+            let keep = usize::try_from(keep).unwrap_or(usize::MAX).min(data.len());
+            apply_write(&mut file.live, *offset, &data[..keep]);
+            file.durable = file.live.clone();
         }
         let dirs = state
             .dirs
@@ -259,6 +275,13 @@ impl SimDisk {
     fn write(&self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         let mut state = self.lock();
         Self::mutate(&mut state)?;
+        let allocated = state.files.get(name).map_or(0, |f| f.allocated);
+        if state.full && offset + data.len() as u64 > allocated {
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                "the simulated disk is full",
+            ));
+        }
         if name.starts_with("wal/") {
             state.counters.log_bytes += data.len() as u64;
         } else {
@@ -266,6 +289,7 @@ impl SimDisk {
         }
         let file = file_mut(&mut state, name);
         apply_write(&mut file.live, offset, data);
+        file.allocated = file.allocated.max(offset + data.len() as u64);
         file.pending.push(Pending::Write {
             offset,
             data: data.to_vec(),
@@ -400,10 +424,10 @@ impl SimDisk {
         Self::mutate(&mut state)?;
         let mut file = state.files.remove(from).ok_or(io::ErrorKind::NotFound)?;
         file.entry_durable = false;
-        if let Some((name, _, _)) = state.in_flight.as_mut() {
-            if name == from {
-                *name = to.to_owned();
-            }
+        if let Some((name, _, _)) = state.in_flight.as_mut()
+            && name == from
+        {
+            *name = to.to_owned();
         }
         state.files.insert(to.to_owned(), file);
         Ok(())
@@ -434,6 +458,7 @@ impl SimDisk {
             state.dirs.insert(dir.to_owned(), true);
         }
         let file = state.files.entry(name.to_owned()).or_default();
+        file.allocated = bytes.len() as u64;
         file.live = bytes.clone();
         file.durable = bytes;
         file.pending.clear();

@@ -234,10 +234,10 @@ pub(crate) fn later_frame(
             continue;
         }
         let seq = u64::from_le_bytes(le(&bytes[at + 8..at + 16]));
-        if (min_seq..max_seq).contains(&seq) {
-            if let Some(frame) = frame_at(bytes, at, number) {
-                return Some(frame);
-            }
+        if (min_seq..max_seq).contains(&seq)
+            && let Some(frame) = frame_at(bytes, at, number)
+        {
+            return Some(frame);
         }
         at += 1;
     }

@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "http")]
+pub mod http;
+
 use std::path::Path;
 use std::time::Duration;
 

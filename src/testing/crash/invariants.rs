@@ -260,10 +260,10 @@ pub(super) fn settle(
             if let KeyState::Held { fence, .. } = &seen {
                 model.next_fence = model.next_fence.max(fence + 1);
             }
-            if let KeyState::Completed { fence, rows: n, .. } = after {
-                if *n > 0 {
-                    model.committed.insert((*key, *fence), *n);
-                }
+            if let KeyState::Completed { fence, rows: n, .. } = after
+                && *n > 0
+            {
+                model.committed.insert((*key, *fence), *n);
             }
             model.keys.insert(*key, seen_or(after, seen));
         }
