@@ -1,6 +1,7 @@
 //! What `begin` answers, and the claim a winner holds while it works.
 
 use std::fmt;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::clock::Timestamp;
@@ -8,7 +9,7 @@ use crate::config::MAX_LEASE;
 use crate::engine::context::Context;
 use crate::engine::counters::Counters;
 use crate::engine::job::Work;
-use crate::engine::lifecycle::{self, CommitRefusal, Held, Refusal, UserFailure};
+use crate::engine::lifecycle::{self, CommitRefusal, Extension, Held, Refusal, UserFailure};
 use crate::error::{BoxError, ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
 use crate::fingerprint::Fingerprint;
 use crate::response::Response;
@@ -64,6 +65,8 @@ pub struct Claim {
     scope: Scope,
     fingerprint: Fingerprint,
     held: Held,
+    /// Alive as long as the claim: a [`KeepAlive`](crate::KeepAlive) stops once it is gone.
+    alive: Arc<()>,
 }
 
 impl fmt::Debug for Claim {
@@ -84,6 +87,7 @@ impl Claim {
             scope,
             fingerprint,
             held,
+            alive: Arc::new(()),
         }
     }
 
@@ -271,16 +275,21 @@ impl Claim {
         &self,
         lease: Duration,
     ) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
-        extend_work(self.scope.clone(), self.held.fence, lease)
+        extend_work(
+            self.scope.clone(),
+            self.held.fence,
+            lease,
+            Extension::Exactly,
+        )
     }
 
     /// What renews this claim's lease from beside its holder (a heartbeat), without the claim.
-    #[cfg(feature = "tokio")]
     pub(crate) fn lease_handle(&self) -> LeaseHandle {
         LeaseHandle {
             store: self.store.clone(),
             scope: self.scope.clone(),
             fence: self.held.fence,
+            claim: Arc::downgrade(&self.alive),
         }
     }
 
@@ -349,6 +358,7 @@ fn extend_work(
     scope: Scope,
     fence: u64,
     lease: Duration,
+    extension: Extension,
 ) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
     if lease.is_zero() || lease > MAX_LEASE {
         return Err(ClaimError::InvalidLease {
@@ -357,22 +367,22 @@ fn extend_work(
         });
     }
     Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::extend(tx, ctx, &scope, fence, lease)
+        lifecycle::extend(tx, ctx, &scope, fence, lease, extension)
     })
 }
 
 /// Renews a claim's lease from beside its holder, without the claim itself: a heartbeat runs
-/// while the holder works, and stops when the claim is finished.
-#[cfg(feature = "tokio")]
+/// while the holder works, and stops when the claim is finished or dropped.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseHandle {
     store: Store,
     scope: Scope,
     fence: u64,
+    /// Gone once the claim is (committed, released, or dropped).
+    claim: Weak<()>,
 }
 
 /// What a renewal came to.
-#[cfg(feature = "tokio")]
 #[derive(Debug)]
 pub(crate) enum Renewed {
     /// The lease now ends at this time.
@@ -382,17 +392,32 @@ pub(crate) enum Renewed {
     Over(StaleReason),
 }
 
-#[cfg(feature = "tokio")]
 impl LeaseHandle {
     /// The scope of the claim.
     pub(crate) fn scope(&self) -> &Scope {
         &self.scope
     }
 
-    /// Moves the end of the lease to `lease` from now.
+    /// Whether the claim itself is gone (committed, released or dropped): nothing to renew.
+    pub(crate) fn claim_dropped(&self) -> bool {
+        self.claim.strong_count() == 0
+    }
+
+    /// Moves the end of the lease to `lease` from now, unless it already ends later.
+    #[cfg(feature = "tokio")]
     pub(crate) async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        let work = extend_work(self.scope.clone(), self.fence, lease)?;
-        match self.store.engine().call_async(work).await? {
+        let work = extend_work(self.scope.clone(), self.fence, lease, Extension::AtLeast)?;
+        Self::renewed(self.store.engine().call_async(work).await?)
+    }
+
+    /// [`LeaseHandle::renew`], blocking.
+    pub(crate) fn renew_blocking(&self, lease: Duration) -> Result<Renewed, ClaimError> {
+        let work = extend_work(self.scope.clone(), self.fence, lease, Extension::AtLeast)?;
+        Self::renewed(self.store.engine().call(work)?)
+    }
+
+    fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
+        match answer {
             Ok(until) => Ok(Renewed::Until(until)),
             Err(Refusal::Stale(reason)) => Ok(Renewed::Over(reason)),
             Err(Refusal::Store(e)) => Err(e.into()),

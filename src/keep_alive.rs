@@ -1,66 +1,121 @@
-//! Keeping a claim's lease alive while its holder works (feature `tokio`).
+//! Keeping a claim's lease alive while its holder works.
 //!
 //! A lease exists to detect a holder that died, not one that is slow. A holder that may
 //! outlive its lease keeps a [`KeepAlive`] while it works: every third of the lease it moves
-//! the end of the lease to a whole lease from now, so a live holder is never taken over, while
-//! a dead one (its process gone, and the task with it) is, one lease after its last renewal.
+//! the end of the lease to a whole lease from now (never sooner than it already is, so a lease
+//! the holder extended itself is not cut short). A live holder is then never taken over, while
+//! a dead one (its process gone, and the renewals with it) is, one lease after the last
+//! renewal.
 
 use std::fmt;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::claim::{Claim, LeaseHandle, Renewed};
 
-/// Renews a claim's lease in the background until dropped, or until the claim is finished
-/// (committed, released, or taken over by another attempt).
+/// Renews a claim's lease in the background until it is dropped, or until the claim is
+/// finished: committed, released, dropped, or taken over by another attempt.
 ///
 /// ```
 /// # use idemstore::{Begin, Fingerprint, Response, Scope, Store};
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let dir = tempfile::tempdir()?;
 /// # let store = Store::open(dir.path().join("idem"))?;
-/// # let scope = Scope::new("acct", "export", "k1")?;
-/// if let Begin::Claimed(claim) = store.begin_async(&scope, Fingerprint::of_bytes(b"req")).await? {
-///     let alive = claim.keep_alive(); // renews every lease / 3 from now on
+/// # let scope = Scope::new("acct", "export", "report-2026-11")?;
+/// if let Begin::Claimed(claim) = store.begin(&scope, Fingerprint::of_bytes(b"req"))? {
+///     let _alive = claim.keep_alive(); // renews every lease / 3 from now on
 ///     // ... work that may take longer than the lease ...
-///     drop(alive); // or keep it until the commit returns
-///     claim.commit_async(|_| Ok(Response::new(200, "done"))).await?;
+///     claim.commit(|_| Ok(Response::new(200, "done")))?; // renewals stop with the claim
 /// }
 /// # Ok(())
 /// # }
 /// ```
 ///
-/// Needs a tokio runtime (it is a task on it).
+/// Inside a tokio runtime (feature `tokio`) the renewals run as a task on it; elsewhere on a
+/// thread of their own.
 #[must_use = "dropping a KeepAlive stops renewing the lease"]
 pub struct KeepAlive {
-    task: tokio::task::JoinHandle<()>,
+    runner: Runner,
+}
+
+enum Runner {
+    #[cfg(feature = "tokio")]
+    Task(tokio::task::JoinHandle<()>),
+    Thread {
+        /// Dropping it wakes the thread, which then stops.
+        stop: Option<Sender<()>>,
+        thread: Option<JoinHandle<()>>,
+    },
 }
 
 impl fmt::Debug for KeepAlive {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeepAlive")
-            .field("running", &!self.task.is_finished())
+            .field("finished", &self.is_finished())
             .finish()
     }
 }
 
 impl Drop for KeepAlive {
     fn drop(&mut self) {
-        self.task.abort();
+        match &mut self.runner {
+            #[cfg(feature = "tokio")]
+            Runner::Task(task) => task.abort(),
+            Runner::Thread { stop, thread } => {
+                *stop = None;
+                // It stops at once (its wait ends when `stop` goes); wait for a renewal in
+                // flight, so that none lands after the KeepAlive is gone.
+                if let Some(thread) = thread.take() {
+                    let _ = thread.join();
+                }
+            }
+        }
     }
 }
 
 impl KeepAlive {
-    /// Starts renewing the lease of the claim behind `handle`.
+    /// Starts renewing the lease of the claim behind `handle`: as a task if a tokio runtime
+    /// is running here, else on a thread.
     pub(crate) fn start(handle: LeaseHandle) -> Self {
-        KeepAlive {
-            task: tokio::spawn(renew_until_over(handle)),
+        #[cfg(feature = "tokio")]
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            // The cadence starts now, not when the task is first polled.
+            let first = tokio::time::Instant::now() + interval(&handle).1;
+            return KeepAlive {
+                runner: Runner::Task(runtime.spawn(renew_async(handle, first))),
+            };
+        }
+        let (stop, stopped) = channel();
+        let thread = std::thread::Builder::new()
+            .name("idemstore-keep-alive".into())
+            .spawn(move || renew_blocking(&handle, &stopped));
+        match thread {
+            Ok(thread) => KeepAlive {
+                runner: Runner::Thread {
+                    stop: Some(stop),
+                    thread: Some(thread),
+                },
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "could not start a thread to renew a lease; the lease is not renewed");
+                KeepAlive {
+                    runner: Runner::Thread {
+                        stop: None,
+                        thread: None,
+                    },
+                }
+            }
         }
     }
 
-    /// Whether it stopped on its own (the claim is finished).
+    /// Whether it stopped on its own (the claim is finished) or could not start.
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        match &self.runner {
+            #[cfg(feature = "tokio")]
+            Runner::Task(task) => task.is_finished(),
+            Runner::Thread { thread, .. } => thread.as_ref().is_none_or(JoinHandle::is_finished),
+        }
     }
 }
 
@@ -72,25 +127,66 @@ impl Claim {
     }
 }
 
-/// The renewal loop: every third of the lease, a whole lease from now.
-async fn renew_until_over(handle: LeaseHandle) {
+/// Every third of the lease: the interval between renewals.
+fn interval(handle: &LeaseHandle) -> (Duration, Duration) {
     let lease = handle.lease();
-    let every = (lease / 3).max(Duration::from_millis(1));
+    (lease, (lease / 3).max(Duration::from_millis(1)))
+}
+
+/// What to do after a renewal: go on, or stop.
+fn after(handle: &LeaseHandle, renewed: Result<Renewed, crate::ClaimError>) -> Next {
+    match renewed {
+        Ok(Renewed::Until(until)) => {
+            tracing::trace!(scope = %handle.scope(), %until, "lease renewed");
+            Next::Continue
+        }
+        Ok(Renewed::Over(reason)) => {
+            tracing::debug!(scope = %handle.scope(), %reason, "the claim is finished; no more renewals");
+            Next::Stop
+        }
+        // A store that is recovering or a full disk: the next tick tries again, and the lease
+        // still holds for two more.
+        Err(e) => {
+            tracing::warn!(scope = %handle.scope(), error = %e, "renewing a lease failed");
+            Next::Continue
+        }
+    }
+}
+
+enum Next {
+    Continue,
+    Stop,
+}
+
+#[cfg(feature = "tokio")]
+async fn renew_async(handle: LeaseHandle, first: tokio::time::Instant) {
+    let (lease, every) = interval(&handle);
+    let mut ticks = tokio::time::interval_at(first, every);
+    // A renewal that took long (a busy writer) is not followed by a burst of catch-up ones.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::time::sleep(every).await;
-        match handle.renew(lease).await {
-            Ok(Renewed::Until(until)) => {
-                tracing::trace!(scope = %handle.scope(), %until, "lease renewed");
-            }
-            Ok(Renewed::Over(reason)) => {
-                tracing::debug!(scope = %handle.scope(), %reason, "the claim is finished; no more renewals");
-                return;
-            }
-            // A store that is recovering or a full disk: the next tick tries again, and the
-            // lease still holds for two more.
-            Err(e) => {
-                tracing::warn!(scope = %handle.scope(), error = %e, "renewing a lease failed")
-            }
+        ticks.tick().await;
+        if handle.claim_dropped() {
+            return;
+        }
+        if let Next::Stop = after(&handle, handle.renew(lease).await) {
+            return;
+        }
+    }
+}
+
+fn renew_blocking(handle: &LeaseHandle, stopped: &Receiver<()>) {
+    let (lease, every) = interval(handle);
+    loop {
+        match stopped.recv_timeout(every) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+        if handle.claim_dropped() {
+            return;
+        }
+        if let Next::Stop = after(handle, handle.renew_blocking(lease)) {
+            return;
         }
     }
 }

@@ -79,6 +79,8 @@ mod async_api;
 mod builder;
 mod claim;
 mod clock;
+#[cfg(feature = "tokio")]
+mod completer;
 mod config;
 mod decision;
 mod engine;
@@ -86,7 +88,6 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-#[cfg(feature = "tokio")]
 mod keep_alive;
 mod read;
 mod record;
@@ -103,19 +104,20 @@ mod wal;
 pub use builder::Builder;
 pub use claim::{Begin, Claim};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+#[cfg(feature = "tokio")]
+pub use completer::{Completer, CompleterTask, Round};
 pub use config::{
     Durability, LoosePermissions, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE,
     MAX_REQUEST_BYTES, MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES, SelfHeal,
     Sweep,
 };
-pub use engine::lifecycle::{Backlog, Evicted};
+pub use engine::lifecycle::{Backlog, Evicted, Forget};
 pub use error::{
     BeginError, BoxError, ClaimError, CommitError, CompactError, CorruptRecord, Error,
-    FingerprintError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim,
-    StaleReason, StoreError, TxError, WriteError,
+    FingerprintError, ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError,
+    StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
 pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
-#[cfg(feature = "tokio")]
 pub use keep_alive::KeepAlive;
 pub use read::ReadTx;
 pub use record::{Record, RecordState};

@@ -56,6 +56,17 @@ pub enum RecordState {
     },
 }
 
+impl RecordState {
+    /// The state's name, for logs and tools: `in-progress`, `completed` or `tombstone`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RecordState::InProgress { .. } => "in-progress",
+            RecordState::Completed { .. } => "completed",
+            RecordState::Tombstone { .. } => "tombstone",
+        }
+    }
+}
+
 /// Where a record stands at a given time, given the store's retention settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Visibility {

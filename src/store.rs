@@ -17,11 +17,13 @@ use crate::engine::Engine;
 use crate::engine::context::Needs;
 
 use crate::engine::job::Keep;
-use crate::engine::lifecycle::{self, BeginAnswer, Evicted, UserFailure};
+use crate::engine::lifecycle::{self, BeginAnswer, Evicted, Forget, ForgetRefusal, UserFailure};
 use crate::engine::registry::Registry;
 use crate::engine::tables::InternalTables;
 use crate::engine::tables::{LEASES, RECORDS, index_bound_after, split_index_key};
-use crate::error::{BeginError, BoxError, CompactError, OpenError, StoreError, WriteError};
+use crate::error::{
+    BeginError, BoxError, CompactError, ForgetError, OpenError, StoreError, WriteError,
+};
 use crate::fingerprint::Fingerprint;
 use crate::read::ReadTx;
 use crate::record::{Record, RecordState, Visibility};
@@ -417,6 +419,53 @@ impl Store {
             UserFailure::Aborted(e) => WriteError::Aborted(e),
             UserFailure::Panicked(message) => WriteError::Panicked { message },
         })
+    }
+
+    /// Removes a scope's record, for an operator: an abandoned in-progress one by its fence
+    /// (after finding out downstream that its attempt did nothing), or a completed one by force
+    /// (so that the key can be used for a new request). Every removal is logged as an audit
+    /// line (`idemstore::audit`, warning level) with the scope, the record's state and fence.
+    /// Durable when it returns.
+    ///
+    /// # Errors
+    /// See [`ForgetError`].
+    pub fn forget(&self, scope: &Scope, how: Forget) -> Result<Record, ForgetError> {
+        let target = scope.clone();
+        let answer = self
+            .engine()
+            .call(move |tx, ctx| lifecycle::forget(tx, ctx, &target, how))?;
+        match answer {
+            Ok(record) => {
+                tracing::warn!(
+                    target: "idemstore::audit",
+                    tenant = scope.tenant(),
+                    operation = scope.operation(),
+                    key = scope.key(),
+                    fence = record.fence,
+                    attempt = record.attempt,
+                    state = record.state.name(),
+                    ?how,
+                    "forgot a record"
+                );
+                Ok(record)
+            }
+            Err(ForgetRefusal::Absent) => Err(ForgetError::Absent {
+                scope: scope.clone(),
+            }),
+            Err(ForgetRefusal::Stale(reason)) => Err(ForgetError::Stale(crate::StaleClaim {
+                scope: scope.clone(),
+                fence: match how {
+                    Forget::Fence(fence) => fence,
+                    Forget::Completed => 0,
+                },
+                reason,
+            })),
+            Err(ForgetRefusal::InProgress { fence }) => Err(ForgetError::InProgress {
+                scope: scope.clone(),
+                fence,
+            }),
+            Err(ForgetRefusal::Store(e)) => Err(e.into()),
+        }
     }
 
     /// A read-only snapshot for reading business tables.

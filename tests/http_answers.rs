@@ -42,7 +42,7 @@ async fn a_retry_is_replayed_with_allowed_headers_and_the_handler_runs_once() ->
             .replay_headers([HeaderName::from_static("x-order-version")]),
     );
 
-    let first = send(&app, post_req("k1", BODY)).await?;
+    let first = send(&app, post_req("request-k1", BODY)).await?;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(!first.replayed());
     assert_eq!(
@@ -52,7 +52,11 @@ async fn a_retry_is_replayed_with_allowed_headers_and_the_handler_runs_once() ->
     );
 
     // Same request, keys in another order and other whitespace: the same canonical JSON.
-    let retry = send(&app, post_req("k1", r#"{"quantity":3,"item":"widget"}"#)).await?;
+    let retry = send(
+        &app,
+        post_req("request-k1", r#"{"quantity":3,"item":"widget"}"#),
+    )
+    .await?;
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
@@ -78,10 +82,14 @@ async fn a_changed_body_or_path_under_the_same_key_is_refused_422() -> TestResul
         .route_layer(IdempotencyLayer::new(store));
 
     assert_eq!(
-        send(&app, post_req("k1", BODY)).await?.status,
+        send(&app, post_req("request-k1", BODY)).await?.status,
         StatusCode::CREATED
     );
-    let changed = send(&app, post_req("k1", r#"{"item":"widget","quantity":4}"#)).await?;
+    let changed = send(
+        &app,
+        post_req("request-k1", r#"{"item":"widget","quantity":4}"#),
+    )
+    .await?;
     assert_eq!(changed.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         changed.problem_type(),
@@ -93,7 +101,7 @@ async fn a_changed_body_or_path_under_the_same_key_is_refused_422() -> TestResul
         request(
             Method::POST,
             &format!("/orders/{id}/refund"),
-            Some("r1"),
+            Some("request-r1"),
             "{}",
         )
     };
@@ -119,13 +127,13 @@ async fn bad_keys_missing_keys_and_large_bodies_are_refused_before_the_store() -
         "urn:idemstore:problem:invalid-idempotency-key"
     );
 
-    let mut twice = post_req("a", BODY);
+    let mut twice = post_req("request-a", BODY);
     twice
         .headers_mut()
         .append("idempotency-key", HeaderValue::from_static("b"));
     let long = "k".repeat(256);
     let tab = HeaderValue::from_static("a\tb"); // a valid header value, not a valid key
-    let mut with_tab = post_req("x", BODY);
+    let mut with_tab = post_req("request-x", BODY);
     with_tab.headers_mut().insert("idempotency-key", tab);
     for bad in [
         twice,
@@ -139,11 +147,15 @@ async fn bad_keys_missing_keys_and_large_bodies_are_refused_before_the_store() -
         answer.problem_type();
     }
 
-    let large = send(&app, post_req("big", &format!("\"{}\"", "x".repeat(100)))).await?;
+    let large = send(
+        &app,
+        post_req("request-big", &format!("\"{}\"", "x".repeat(100))),
+    )
+    .await?;
     assert_eq!(large.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(large.problem_type(), "urn:idemstore:problem:body-too-large");
 
-    let mut anonymous = post_req("k", BODY);
+    let mut anonymous = post_req("request-k", BODY);
     anonymous.extensions_mut().remove::<Tenant>();
     assert_eq!(
         send(&app, anonymous).await?.status,
@@ -159,10 +171,10 @@ async fn bad_keys_missing_keys_and_large_bodies_are_refused_before_the_store() -
 
     // Quoted (RFC 8941) and bare keys name the same key.
     assert_eq!(
-        send(&app, post_req("\"q-1\"", BODY)).await?.status,
+        send(&app, post_req("\"request-q-1\"", BODY)).await?.status,
         StatusCode::CREATED
     );
-    assert!(send(&app, post_req("q-1", BODY)).await?.replayed());
+    assert!(send(&app, post_req("request-q-1", BODY)).await?.replayed());
     Ok(())
 }
 
@@ -189,11 +201,11 @@ async fn requests_refused_by_an_outer_layer_or_not_covered_never_touch_the_store
         .layer(auth);
 
     assert_eq!(
-        send(&app, post_req("k", BODY)).await?.status,
+        send(&app, post_req("request-k", BODY)).await?.status,
         StatusCode::UNAUTHORIZED
     );
     let get_twice = || {
-        let mut r = request(Method::GET, "/orders", Some("k"), "");
+        let mut r = request(Method::GET, "/orders", Some("request-k"), "");
         r.headers_mut()
             .insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer t"));
         r
@@ -236,8 +248,11 @@ async fn an_optional_key_lets_keyless_requests_through_unprotected() -> TestResu
         let answer = send(&app, request(Method::POST, "/orders", None, BODY)).await?;
         assert_eq!(answer.body, "unprotected");
     }
-    assert_eq!(send(&app, post_req("k", BODY)).await?.body, "claimed");
-    assert!(send(&app, post_req("k", BODY)).await?.replayed());
+    assert_eq!(
+        send(&app, post_req("request-k", BODY)).await?.body,
+        "claimed"
+    );
+    assert!(send(&app, post_req("request-k", BODY)).await?.replayed());
     assert_eq!(seen.load(Ordering::SeqCst), 3);
     Ok(())
 }
@@ -248,7 +263,7 @@ async fn a_handler_without_the_layer_gets_a_clear_500_from_the_extractor() -> Te
         "/orders",
         post(|_idem: IdempotentRequest| async { "never" }),
     );
-    let answer = send(&app, post_req("k", BODY)).await?;
+    let answer = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         answer.problem_type(),
@@ -267,11 +282,11 @@ async fn a_key_whose_response_expired_behind_a_tombstone_is_answered_410() -> Te
         .open(dir.path().join("idem"))?;
     let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()));
     assert_eq!(
-        send(&app, post_req("k", BODY)).await?.status,
+        send(&app, post_req("request-k", BODY)).await?.status,
         StatusCode::CREATED
     );
     clock.advance(Duration::from_secs(120));
-    let gone = send(&app, post_req("k", BODY)).await?;
+    let gone = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(gone.status, StatusCode::GONE);
     assert_eq!(
         gone.problem_type(),
@@ -290,14 +305,18 @@ async fn tenants_and_operations_scope_the_same_key_apart() -> TestResult {
         .route("/orders", counted(&runs))
         .route("/refunds", counted(&runs))
         .route_layer(IdempotencyLayer::new(store.clone()));
-    let mut other_tenant = post_req("k", BODY);
+    let mut other_tenant = post_req("request-k", BODY);
     other_tenant
         .extensions_mut()
         .insert(Tenant("acct_b".into()));
     let answers = [
-        send(&app, post_req("k", BODY)).await?,
+        send(&app, post_req("request-k", BODY)).await?,
         send(&app, other_tenant).await?,
-        send(&app, request(Method::POST, "/refunds", Some("k"), BODY)).await?,
+        send(
+            &app,
+            request(Method::POST, "/refunds", Some("request-k"), BODY),
+        )
+        .await?,
     ];
     for answer in &answers {
         assert_eq!(
@@ -326,9 +345,9 @@ async fn stored_responses_keep_their_status_and_repeated_headers() -> TestResult
     let app = Router::new()
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()).replay_headers([header::LINK]));
-    let first = send(&app, post_req("k", BODY)).await?;
+    let first = send(&app, post_req("request-k", BODY)).await?;
     assert!(!first.replayed());
-    let replay = send(&app, post_req("k", BODY)).await?;
+    let replay = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(
         (replay.status, replay.body.as_str(), replay.replayed()),
         (StatusCode::ACCEPTED, "accepted", true)
@@ -346,7 +365,12 @@ async fn a_declared_length_over_the_limit_is_refused_without_reading() -> TestRe
     let store = store(&dir, &clock())?;
     let (app, runs) = orders_app(IdempotencyLayer::new(store.clone()).max_body(1024));
     let (_sender, endless) = http_body_util::channel::Channel::<axum::body::Bytes>::new(1);
-    let mut request = request_with(Method::POST, "/orders", Some("k"), Body::new(endless));
+    let mut request = request_with(
+        Method::POST,
+        "/orders",
+        Some("request-k"),
+        Body::new(endless),
+    );
     request
         .headers_mut()
         .insert(header::CONTENT_LENGTH, HeaderValue::from_static("1025"));
@@ -377,13 +401,17 @@ async fn lists_of_keys_and_invalid_scope_parts_are_refused_by_whose_fault_they_a
         assert!(answer.body.contains("more than one"), "{}", answer.body);
     }
     let long_path = format!("/orders/{}", "p".repeat(200));
-    let answer = send(&app, request(Method::POST, &long_path, Some("k"), BODY)).await?;
+    let answer = send(
+        &app,
+        request(Method::POST, &long_path, Some("request-k"), BODY),
+    )
+    .await?;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         answer.problem_type(),
         "urn:idemstore:problem:invalid-operation"
     );
-    let mut bad_tenant = post_req("k", BODY);
+    let mut bad_tenant = post_req("request-k", BODY);
     bad_tenant.extensions_mut().insert(Tenant(String::new()));
     let answer = send(&app, bad_tenant).await?;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
@@ -393,7 +421,7 @@ async fn lists_of_keys_and_invalid_scope_parts_are_refused_by_whose_fault_they_a
     );
     assert_eq!((runs.load(Ordering::SeqCst), store.stats()?.claims), (0, 0));
 
-    let quoted = send(&app, post_req("\"a, b\"", BODY)).await?;
+    let quoted = send(&app, post_req("\"request-a, b\"", BODY)).await?;
     assert_eq!(quoted.status, StatusCode::CREATED);
     Ok(())
 }

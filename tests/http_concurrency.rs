@@ -34,11 +34,11 @@ async fn a_waiting_duplicate_gets_the_first_requests_outcome_instead_of_409() ->
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()).wait(Duration::from_secs(60)));
 
-    let first = tokio::spawn(send_owned(app.clone(), post_req("k", BODY)));
+    let first = tokio::spawn(send_owned(app.clone(), post_req("request-k", BODY)));
     while runs.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
-    let second = tokio::spawn(send_owned(app.clone(), post_req("k", BODY)));
+    let second = tokio::spawn(send_owned(app.clone(), post_req("request-k", BODY)));
     while store.stats()?.waiting == 0 {
         tokio::task::yield_now().await;
     }
@@ -67,7 +67,7 @@ async fn thirty_two_concurrent_duplicates_run_the_handler_once() -> TestResult {
         let (app, barrier) = (app.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            send_owned(app, post_req("same", BODY)).await
+            send_owned(app, post_req("request-same", BODY)).await
         }));
     }
     let (mut created, mut replayed, mut conflicts) = (0, 0, 0);
@@ -102,16 +102,20 @@ async fn a_waiting_duplicate_gives_up_after_its_wait_with_409() -> TestResult {
             (StatusCode::CREATED, "done")
         })
     };
-    let app = Router::new()
-        .route("/orders", handler.clone())
-        .route_layer(IdempotencyLayer::new(store.clone()).wait(Duration::from_secs(5)));
+    let app = Router::new().route("/orders", handler.clone()).route_layer(
+        // The runtime's clock is paused: no store timeout, which would fire as soon as the
+        // runtime waits for the store's writer thread.
+        IdempotencyLayer::new(store.clone())
+            .wait(Duration::from_secs(5))
+            .store_timeout(Duration::MAX),
+    );
 
-    let first = tokio::spawn(send_owned(app.clone(), post_req("k", BODY)));
+    let first = tokio::spawn(send_owned(app.clone(), post_req("request-k", BODY)));
     while runs.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
     let started = tokio::time::Instant::now();
-    let second = send(&app, post_req("k", BODY)).await?;
+    let second = send(&app, post_req("request-k", BODY)).await?;
     assert!(
         started.elapsed() >= Duration::from_secs(5),
         "it waited first"
@@ -126,9 +130,15 @@ async fn a_waiting_duplicate_gives_up_after_its_wait_with_409() -> TestResult {
     assert_eq!(first.await??.status, StatusCode::CREATED);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
-    let forever = Router::new()
-        .route("/orders", handler)
-        .route_layer(IdempotencyLayer::new(store.clone()).wait(Duration::MAX));
-    assert!(send(&forever, post_req("k", BODY)).await?.replayed());
+    let forever = Router::new().route("/orders", handler).route_layer(
+        IdempotencyLayer::new(store.clone())
+            .wait(Duration::MAX)
+            .store_timeout(Duration::MAX),
+    );
+    assert!(
+        send(&forever, post_req("request-k", BODY))
+            .await?
+            .replayed()
+    );
     Ok(())
 }

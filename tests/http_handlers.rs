@@ -38,7 +38,7 @@ async fn error_responses_are_stored_by_default_and_released_when_configured() ->
     let stripe = Router::new()
         .route("/orders", failing(&runs))
         .route_layer(IdempotencyLayer::new(store.clone()));
-    let r = || request(Method::POST, "/orders", Some("s"), BODY);
+    let r = || request(Method::POST, "/orders", Some("request-s"), BODY);
     assert_eq!(
         send(&stripe, r()).await?.status,
         StatusCode::INTERNAL_SERVER_ERROR
@@ -54,16 +54,18 @@ async fn error_responses_are_stored_by_default_and_released_when_configured() ->
         |key: &str, query: &str| request(Method::POST, &format!("/orders{query}"), Some(key), BODY);
     runs.store(0, Ordering::SeqCst);
     for _ in 0..2 {
-        let answer = send(&lenient, r("l", "")).await?;
+        let answer = send(&lenient, r("request-l", "")).await?;
         assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert!(!answer.replayed(), "released: the retry runs the handler");
     }
     assert_eq!(
-        send(&lenient, r("p", "?status=402")).await?.status,
+        send(&lenient, r("request-p", "?status=402")).await?.status,
         StatusCode::PAYMENT_REQUIRED
     );
     assert!(
-        send(&lenient, r("p", "?status=402")).await?.replayed(),
+        send(&lenient, r("request-p", "?status=402"))
+            .await?
+            .replayed(),
         "4xx still stored"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
@@ -72,7 +74,7 @@ async fn error_responses_are_stored_by_default_and_released_when_configured() ->
         .route("/orders", failing(&runs))
         .route_layer(IdempotencyLayer::new(store.clone()).failures(Failures::ReleaseAll));
     for _ in 0..2 {
-        let answer = send(&release_all, r("a", "?status=402")).await?;
+        let answer = send(&release_all, r("request-a", "?status=402")).await?;
         assert_eq!(answer.status, StatusCode::PAYMENT_REQUIRED);
         assert!(!answer.replayed(), "4xx released too: the retry runs again");
     }
@@ -98,7 +100,7 @@ async fn a_handler_commits_its_rows_and_response_in_one_transaction() -> TestRes
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()));
 
-    let first = send(&app, post_req("k", BODY)).await?;
+    let first = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(first.status, StatusCode::CREATED);
     assert!(first.body.starts_with("order-"));
     assert!(!first.replayed(), "the first answer is not a replay");
@@ -107,7 +109,7 @@ async fn a_handler_commits_its_rows_and_response_in_one_transaction() -> TestRes
         writes_after_first, 2,
         "one claim and one commit: the middleware stored nothing more"
     );
-    let retry = send(&app, post_req("k", BODY)).await?;
+    let retry = send(&app, post_req("request-k", BODY)).await?;
     assert!(retry.replayed());
     assert_eq!(
         (retry.body.as_str(), &retry.headers[header::CONTENT_TYPE]),
@@ -137,7 +139,7 @@ async fn a_failed_commit_closure_writes_nothing_and_gives_the_claim_back() -> Te
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()));
     for _ in 0..2 {
-        let answer = send(&app, post_req("k", BODY)).await?;
+        let answer = send(&app, post_req("request-k", BODY)).await?;
         assert_eq!(answer.status, StatusCode::CONFLICT);
         assert!(
             !answer.replayed() && answer.body.contains("inventory"),
@@ -184,7 +186,7 @@ async fn a_panicking_or_cancelled_handler_leaves_the_claim_for_a_recovery() -> T
         .route("/orders", handler)
         .route_layer(IdempotencyLayer::new(store.clone()));
 
-    for (key, query) in [("p", "?panic"), ("c", "?cancel")] {
+    for (key, query) in [("request-p", "?panic"), ("request-c", "?cancel")] {
         let uri = format!("/orders{query}");
         let first = tokio::spawn({
             let app = app.clone();
@@ -214,7 +216,7 @@ async fn a_panicking_or_cancelled_handler_leaves_the_claim_for_a_recovery() -> T
         );
     }
     clock.advance(LEASE + Duration::from_secs(1));
-    for (key, query) in [("p", "?panic"), ("c", "?cancel")] {
+    for (key, query) in [("request-p", "?panic"), ("request-c", "?cancel")] {
         let recovered = send(
             &app,
             request(Method::POST, &format!("/orders{query}"), Some(key), BODY),
@@ -257,23 +259,23 @@ async fn leave_in_progress_answers_without_storing_and_the_recovery_keeps_the_ch
         .route_layer(IdempotencyLayer::new(store.clone()));
 
     assert_eq!(
-        send(&app, post_req("k", BODY)).await?.status,
+        send(&app, post_req("request-k", BODY)).await?.status,
         StatusCode::GATEWAY_TIMEOUT
     );
     clock.advance(LEASE / 2);
-    let early = send(&app, post_req("k", BODY)).await?;
+    let early = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(early.status, StatusCode::CONFLICT);
     assert_eq!(
         early.headers[header::RETRY_AFTER],
         (LEASE / 2).as_secs().to_string().as_str()
     );
     clock.advance(LEASE);
-    let recovered = send(&app, post_req("k", BODY)).await?;
+    let recovered = send(&app, post_req("request-k", BODY)).await?;
     assert_eq!(
         (recovered.status, recovered.body.as_str()),
         (StatusCode::CREATED, "attempt 2 saw charged py_1")
     );
-    assert!(send(&app, post_req("k", BODY)).await?.replayed());
+    assert!(send(&app, post_req("request-k", BODY)).await?.replayed());
     Ok(())
 }
 
@@ -310,9 +312,9 @@ async fn a_handler_error_leaves_the_claim_in_progress_for_a_recovery() -> TestRe
         })
     };
     let cases = [
-        ("e", "?err", Failures::Store),
-        ("p", "?panic", Failures::Store),
-        ("r", "?err", Failures::ReleaseAll),
+        ("request-e", "?err", Failures::Store),
+        ("request-p", "?panic", Failures::Store),
+        ("request-r", "?err", Failures::ReleaseAll),
     ];
     let app = |failures| {
         Router::new()
@@ -403,7 +405,10 @@ async fn a_response_too_large_to_store_is_replaced_by_a_stored_500() -> TestResu
     let app = Router::new().route("/orders", handler).route_layer(
         IdempotencyLayer::new(store.clone()).replay_headers([HeaderName::from_static("x-tag")]),
     );
-    for (key, uri) in [("body", "/orders"), ("headers", "/orders?headers")] {
+    for (key, uri) in [
+        ("request-body", "/orders"),
+        ("request-headers", "/orders?headers"),
+    ] {
         let r = || request(Method::POST, uri, Some(key), BODY);
         let first = send(&app, r()).await?;
         assert_eq!(first.status, StatusCode::CREATED, "{key}");
@@ -424,7 +429,7 @@ async fn a_response_too_large_to_store_is_replaced_by_a_stored_500() -> TestResu
         );
     }
     clock.advance(LEASE * 2);
-    assert!(send(&app, post_req("body", BODY)).await?.replayed());
+    assert!(send(&app, post_req("request-body", BODY)).await?.replayed());
     assert_eq!(runs.load(Ordering::SeqCst), 2, "each handler ran once");
     let stats = store.stats()?;
     assert_eq!((stats.claims, stats.replays), (2, 3));

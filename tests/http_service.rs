@@ -65,6 +65,9 @@ impl Service {
             .env("EDGE_TIMEOUT_RATE", "0")
             .env("EDGE_LATENCY_MS", "20")
             .env("EDGE_ADMIN_TOKEN", OPERATOR_TOKEN)
+            // The completer only where a test asks for it: it would race the retries the
+            // other tests make themselves.
+            .env("EDGE_COMPLETE_EVERY_MS", "3600000")
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         for (name, value) in env {
@@ -263,17 +266,21 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     let dir = tempfile::tempdir()?;
     let service = Service::start(dir.path(), &[])?;
 
-    let first = service.charge(ALICE, Some("k-1"), &charge_body(1900))?;
+    let first = service.charge(ALICE, Some("request-k-1"), &charge_body(1900))?;
     assert_eq!(first.status, 201, "{}", first.body);
     let id = first.json()["id"].as_str().ok_or("an id")?.to_owned();
 
     // A body that fails validation is refused and its key released: fixed, it can run.
-    let invalid = service.charge(ALICE, Some("k-fix"), r#"{"amount": 0, "currency": "eur"}"#)?;
+    let invalid = service.charge(
+        ALICE,
+        Some("request-k-fix"),
+        r#"{"amount": 0, "currency": "eur"}"#,
+    )?;
     assert_eq!(
         (invalid.status, invalid.content_type.as_str()),
         (400, "application/problem+json")
     );
-    let fixed = service.charge(ALICE, Some("k-fix"), &charge_body(300))?;
+    let fixed = service.charge(ALICE, Some("request-k-fix"), &charge_body(300))?;
     assert_eq!(
         (fixed.status, fixed.replayed),
         (201, false),
@@ -281,7 +288,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
         fixed.body
     );
 
-    let changed = service.charge(ALICE, Some("k-1"), &charge_body(2500))?;
+    let changed = service.charge(ALICE, Some("request-k-1"), &charge_body(2500))?;
     assert_eq!(
         (changed.status, changed.content_type.as_str()),
         (422, "application/problem+json")
@@ -294,7 +301,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     );
 
     let huge = json!({"amount": 1, "currency": "eur", "customer": "x".repeat(20_000)}).to_string();
-    let oversized = service.charge(ALICE, Some("k-big"), &huge)?;
+    let oversized = service.charge(ALICE, Some("request-k-big"), &huge)?;
     assert_eq!(
         (oversized.status, oversized.content_type.as_str()),
         (413, "application/problem+json")
@@ -319,7 +326,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     );
 
     // Bob's "k-1" is his own: a second charge, invisible to Alice.
-    let bobs = service.charge(BOB, Some("k-1"), &charge_body(1900))?;
+    let bobs = service.charge(BOB, Some("request-k-1"), &charge_body(1900))?;
     assert_eq!((bobs.status, bobs.replayed), (201, false));
     let bobs_id = bobs.json()["id"].as_str().ok_or("an id")?.to_owned();
     assert_ne!(bobs_id, id);
@@ -334,7 +341,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
 
     // Refused by authentication: never reaches the store.
     let claims_before = service.stats()?["store"]["claims"].clone();
-    let stranger = service.charge("Bearer nobody", Some("k-2"), &charge_body(1900))?;
+    let stranger = service.charge("Bearer nobody", Some("request-k-2"), &charge_body(1900))?;
     assert_eq!(stranger.status, 401);
     assert_eq!(
         stranger.json()["type"],
@@ -380,9 +387,18 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
     )?;
     let client = std::thread::spawn({
         let (agent, base) = (doomed.agent.clone(), doomed.base.clone());
-        move || charge_at(&agent, &base, ALICE, Some("k-crash"), &charge_body(1900)).is_ok()
+        move || {
+            charge_at(
+                &agent,
+                &base,
+                ALICE,
+                Some("request-k-crash"),
+                &charge_body(1900),
+            )
+            .is_ok()
+        }
     });
-    doomed.line_starting("PAUSED k-crash")?;
+    doomed.line_starting("PAUSED request-k-crash")?;
     doomed.kill()?;
     assert!(
         !client.join().map_err(|_| "the client panicked")?,
@@ -395,12 +411,12 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
         1,
         "the charge happened"
     );
-    let early = service.charge(ALICE, Some("k-crash"), &charge_body(1900))?;
+    let early = service.charge(ALICE, Some("request-k-crash"), &charge_body(1900))?;
     assert_eq!(early.status, 409, "{}", early.body);
     assert!(early.retry_after.is_some_and(|s| (1..=30).contains(&s)));
 
     service.advance_clock(31)?;
-    let recovered = service.charge(ALICE, Some("k-crash"), &charge_body(1900))?;
+    let recovered = service.charge(ALICE, Some("request-k-crash"), &charge_body(1900))?;
     assert_eq!(
         (recovered.status, recovered.replayed),
         (201, false),
@@ -425,7 +441,7 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
     assert_eq!(stats["store"]["recoveries"], 1, "{stats}");
     assert!(
         service
-            .charge(ALICE, Some("k-crash"), &charge_body(1900))?
+            .charge(ALICE, Some("request-k-crash"), &charge_body(1900))?
             .replayed
     );
     Ok(())
@@ -444,7 +460,7 @@ fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() ->
             ("EDGE_TIMEOUT_RATE", "1"),
         ],
     )?;
-    let timed_out = service.charge(ALICE, Some("k-slow"), &charge_body(700))?;
+    let timed_out = service.charge(ALICE, Some("request-k-slow"), &charge_body(700))?;
     assert_eq!(
         (timed_out.status, timed_out.retry_after),
         (504, Some(30)),
@@ -453,14 +469,60 @@ fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() ->
     );
     assert_eq!(
         service
-            .charge(ALICE, Some("k-slow"), &charge_body(700))?
+            .charge(ALICE, Some("request-k-slow"), &charge_body(700))?
             .status,
         409
     );
     service.advance_clock(31)?;
-    let recovered = service.charge(ALICE, Some("k-slow"), &charge_body(700))?;
+    let recovered = service.charge(ALICE, Some("request-k-slow"), &charge_body(700))?;
     assert_eq!(recovered.status, 201, "{}", recovered.body);
     assert_eq!(recovered.json()["attempt"], 2);
+    assert_eq!(service.stats()?["processor"]["side_effects"], 1);
+    Ok(())
+}
+
+/// A charge whose processor call timed out (504) and that the client never retries is finished
+/// by the service's completer once the lease ends: it asks the processor by the request's
+/// downstream key (a lookup, never a second charge) and commits the charge row. A late retry
+/// then gets the replay.
+#[test]
+fn an_abandoned_charge_is_completed_by_the_completer_without_a_second_charge() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let service = Service::start(
+        dir.path(),
+        &[
+            ("EDGE_MANUAL_CLOCK", "1"),
+            ("EDGE_LEASE_SECS", "30"),
+            ("EDGE_TIMEOUT_RATE", "1"),
+            ("EDGE_COMPLETE_EVERY_MS", "20"),
+        ],
+    )?;
+    let timed_out = service.charge(ALICE, Some("abandoned-1"), &charge_body(700))?;
+    assert_eq!(timed_out.status, 504, "{}", timed_out.body);
+    service.advance_clock(31)?;
+    // The completer runs on its own schedule: wait (bounded) for its effect.
+    let deadline = Instant::now() + PATIENCE;
+    let stats = loop {
+        let stats = service.stats()?;
+        if stats["store"]["completed"] == 1 {
+            break stats;
+        }
+        assert!(Instant::now() < deadline, "never completed: {stats}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(stats["store"]["in_progress"], 0, "{stats}");
+    assert_eq!(stats["processor"]["side_effects"], 1, "{stats}");
+    assert_eq!(
+        stats["processor"]["charge_calls"], 1,
+        "never asked to charge again: {stats}"
+    );
+    assert!(stats["processor"]["lookups"].as_u64() >= Some(1), "{stats}");
+    let alices = service.get("/stats", ALICE)?.json();
+    assert_eq!(alices["charges"], 1, "one charge row: {alices}");
+
+    let late = service.charge(ALICE, Some("abandoned-1"), &charge_body(700))?;
+    assert_eq!((late.status, late.replayed), (201, true), "{}", late.body);
+    assert_eq!(late.json()["attempt"], 2, "completed by the recovery");
     assert_eq!(service.stats()?["processor"]["side_effects"], 1);
     Ok(())
 }
@@ -550,7 +612,8 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
     let filler = tmpfs.fill()?;
     let mut refused = 0;
     for i in 0..3_000 {
-        let answer = service.charge(ALICE, Some(&format!("full-{i}")), &charge_body(100))?;
+        let answer =
+            service.charge(ALICE, Some(&format!("request-full-{i}")), &charge_body(100))?;
         match answer.status {
             201 => {}
             503 => {
@@ -582,7 +645,11 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
     std::fs::remove_file(filler)?;
     let mut resumed = false;
     for i in 0..50 {
-        let answer = service.charge(ALICE, Some(&format!("after-{i}")), &charge_body(100))?;
+        let answer = service.charge(
+            ALICE,
+            Some(&format!("request-after-{i}")),
+            &charge_body(100),
+        )?;
         if answer.status == 201 {
             resumed = true;
             break;

@@ -600,3 +600,58 @@ mod waiting {
         Ok(())
     }
 }
+
+/// An operator forgets a record: an abandoned one by its fence (a take-over in between is not
+/// undone), a completed one by force (so the key can be reused), never an in-progress one by
+/// force (its outcome is unknown). Each removal is durable and refused ones change nothing.
+#[test]
+fn forget_removes_by_fence_or_a_completed_record_by_force_and_nothing_else() -> TestResult {
+    use idemstore::{Forget, ForgetError};
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = open(dir.path(), &clock)?;
+
+    let held = claim(&store, "held", "req")?;
+    let fence = held.fence();
+    let refused = store
+        .forget(&scope("held"), Forget::Completed)
+        .err()
+        .ok_or("forced")?;
+    assert!(
+        matches!(refused, ForgetError::InProgress { fence: f, .. } if f == fence),
+        "{refused}"
+    );
+    assert!(matches!(
+        store.forget(&scope("held"), Forget::Fence(fence + 100)),
+        Err(ForgetError::Stale(_))
+    ));
+    let forgotten = store.forget(&scope("held"), Forget::Fence(fence))?;
+    assert_eq!(forgotten.fence(), fence);
+    assert!(store.get(&scope("held"))?.is_none());
+    assert!(matches!(
+        held.commit(|_| Ok(Response::new(201, "late"))),
+        Err(CommitError::Stale(_))
+    ));
+
+    let done = claim(&store, "done", "req")?;
+    done.commit(|_| Ok(Response::new(201, "first")))?;
+    store.forget(&scope("done"), Forget::Completed)?;
+    assert!(matches!(
+        store.begin(&scope("done"), fp("another request"))?,
+        Begin::Claimed(_)
+    ));
+    assert!(matches!(
+        store.forget(&scope("nothing"), Forget::Completed),
+        Err(ForgetError::Absent { .. })
+    ));
+    // Durable: a reopen finds the same.
+    drop(store);
+    let store = open(dir.path(), &clock)?;
+    assert!(store.get(&scope("held"))?.is_none());
+    assert_eq!(
+        store.counts()?.lease_entries,
+        1,
+        "only the new claim of `done` is in progress"
+    );
+    Ok(())
+}

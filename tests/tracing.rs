@@ -48,6 +48,7 @@ fn operations_are_traced_with_their_key_and_never_their_body() -> TestResult {
             store.begin(&scope("order-77"), fp("req"))?,
             Begin::Replay(_)
         ));
+        store.forget(&scope("order-77"), idemstore::Forget::Completed)?;
         Ok(())
     })?;
     let text = String::from_utf8(captured.0.lock().map_err(|_| "poisoned")?.clone())?;
@@ -59,6 +60,17 @@ fn operations_are_traced_with_their_key_and_never_their_body() -> TestResult {
     assert!(
         text.contains("idemstore.claim") && text.contains("op=\"commit\""),
         "{text}"
+    );
+    // Forgetting a record leaves an audit line naming it.
+    let audit = text
+        .lines()
+        .find(|l| l.contains("idemstore::audit"))
+        .ok_or(format!("no audit line:\n{text}"))?;
+    assert!(
+        audit.contains("forgot a record")
+            && audit.contains("key=\"order-77\"")
+            && audit.contains("state=\"completed\""),
+        "{audit}"
     );
     assert!(
         !text.contains("SECRET-CARD"),

@@ -9,10 +9,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idemstore::http::{IdempotentRequest, Tenant};
 use idemstore::redb::TableDefinition;
+use idemstore::{BoxError, Claim};
 use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
-use super::processor::Outcome;
+use super::processor::{Outcome, ProcessorCharge};
 use super::{App, problem};
 
 /// `tenant/charge id` → the charge as JSON. Written in the same commit as the response.
@@ -139,16 +140,8 @@ pub(crate) async fn create(
             return answer;
         }
     };
-    let charge = Charge {
-        id: format!("ch_{}", &processor_key[..16]),
-        amount: command.amount,
-        currency: command.currency,
-        customer: command.customer,
-        processor_charge: processor_charge.id,
-        attempt: idem.attempt(),
-    };
-    let json = match serde_json::to_vec(&charge) {
-        Ok(json) => json,
+    let recorded = match Recorded::of(&tenant, &processor_key, processor_charge, idem.attempt()) {
+        Ok(recorded) => recorded,
         Err(e) => {
             // Unreachable for this struct; if it ever happens, the charge exists and its
             // outcome is unknown to the client: leave the key in progress for a recovery.
@@ -156,17 +149,74 @@ pub(crate) async fn create(
             return idemstore::http::HandlerError::Aborted(e.into()).into_response();
         }
     };
-    let row = format!("{tenant}/{}", charge.id);
-    let location = format!("/charges/{}", charge.id);
     // The charge row and the response: one transaction.
-    idem.commit(move |tx| {
-        tx.insert(&CHARGES, row.as_str(), json.as_slice())?;
-        Ok(idemstore::Response::new(201, json)
+    idem.commit(move |tx| recorded.commit(tx))
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A charge as it is stored: its row and the response a retry replays.
+struct Recorded {
+    row: String,
+    json: Vec<u8>,
+    location: String,
+}
+
+impl Recorded {
+    /// The record of the charge the processor made for `downstream_key`, completed by attempt
+    /// `attempt` of the request.
+    fn of(
+        tenant: &str,
+        downstream_key: &str,
+        made: ProcessorCharge,
+        attempt: u32,
+    ) -> Result<Recorded, serde_json::Error> {
+        let charge = Charge {
+            id: format!("ch_{}", &downstream_key[..16]),
+            amount: made.amount,
+            currency: made.currency,
+            customer: made.customer,
+            processor_charge: made.id,
+            attempt,
+        };
+        Ok(Recorded {
+            row: format!("{tenant}/{}", charge.id),
+            location: format!("/charges/{}", charge.id),
+            json: serde_json::to_vec(&charge)?,
+        })
+    }
+
+    /// Writes the charge row and answers the response, in the commit's transaction.
+    fn commit(self, tx: &mut idemstore::Tx<'_>) -> Result<idemstore::Response, BoxError> {
+        tx.insert(&CHARGES, self.row.as_str(), self.json.as_slice())?;
+        Ok(idemstore::Response::new(201, self.json)
             .with_header("content-type", "application/json")
-            .with_header("location", location))
-    })
-    .await
-    .unwrap_or_else(IntoResponse::into_response)
+            .with_header("location", self.location))
+    }
+}
+
+/// Completes a charge its request abandoned (a processor timeout the client never retried,
+/// a process that died after the charge): the completer hands it over as a recovery. The
+/// processor is asked, by the request's downstream key, what it did: a charge it made is
+/// recorded (row and response, one transaction), and a key it never charged is given back.
+/// The processor is only read here; it is never asked to charge again.
+pub(crate) async fn complete(app: App, claim: Claim) -> Result<(), BoxError> {
+    let key = claim.downstream_key();
+    match app.processor.lookup(&key).await {
+        Some(made) => {
+            let tenant = claim.scope().tenant().to_owned();
+            let recorded = Recorded::of(&tenant, &key, made, claim.attempt())?;
+            let scope = claim.scope().clone();
+            claim.commit_async(move |tx| recorded.commit(tx)).await?;
+            tracing::info!(%scope, "completed an abandoned charge");
+        }
+        None => {
+            let scope = claim.scope().clone();
+            claim.release_async().await?;
+            tracing::info!(%scope, "an abandoned charge was never made; its key is released");
+        }
+    }
+    Ok(())
 }
 
 /// A charge of the caller's, by id.
@@ -257,7 +307,11 @@ pub(crate) async fn stats(
         .into_response();
     }
     Json(serde_json::json!({
-        "processor": { "side_effects": app.processor.side_effects() },
+        "processor": {
+            "side_effects": app.processor.side_effects(),
+            "charge_calls": app.processor.calls().0,
+            "lookups": app.processor.calls().1,
+        },
         "health": health,
         "store": {
             "in_progress": stats.in_progress,

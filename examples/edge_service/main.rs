@@ -18,6 +18,7 @@
 //! | `--wait-ms` | `EDGE_WAIT_MS` | `0` (how long a duplicate waits for the first before 409) |
 //! | `--tokens` | `EDGE_TOKENS` | `sk_test_alice=acct_alice,sk_test_bob=acct_bob` |
 //! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
+//! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //!
@@ -40,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
 use idemstore::http::{IdempotencyLayer, KeyPolicy};
-use idemstore::{Clock, ManualClock, Store, SystemClock};
+use idemstore::{Clock, Completer, ManualClock, Store, SystemClock};
 
 use processor::Processor;
 
@@ -149,6 +150,12 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lease = Duration::from_secs(parsed(&args, "--lease-secs", "EDGE_LEASE_SECS", "30")?);
     let wait = Duration::from_millis(parsed(&args, "--wait-ms", "EDGE_WAIT_MS", "0")?);
     let segment_kb: u64 = parsed(&args, "--log-segment-kb", "EDGE_LOG_SEGMENT_KB", "8192")?;
+    let complete_every = Duration::from_millis(parsed(
+        &args,
+        "--complete-every-ms",
+        "EDGE_COMPLETE_EVERY_MS",
+        "10000",
+    )?);
     let tokens = auth::parse_tokens(
         &setting(
             &args,
@@ -189,6 +196,18 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         hooks,
     };
 
+    // Charges whose request was abandoned (a processor timeout nobody retried, a crash after
+    // the charge) are finished by the completer: it asks the processor what happened.
+    let completer = {
+        let app = app.clone();
+        Completer::new(store.clone())
+            .operation("POST /charges", move |claim| {
+                charges::complete(app.clone(), claim)
+            })
+            .every(complete_every)
+            .start()
+    };
+
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!(
@@ -200,5 +219,6 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await?;
+    drop(completer);
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -54,6 +55,15 @@ pub(crate) struct Processor {
     ledger: Arc<Mutex<Ledger>>,
     timeout_rate: f64,
     latency: Duration,
+    /// Calls to `charge` and to `lookup`, for the tests and the operator's stats.
+    calls: Arc<Calls>,
+}
+
+/// How often each processor API was called.
+#[derive(Debug, Default)]
+pub(crate) struct Calls {
+    pub(crate) charges: AtomicU64,
+    pub(crate) lookups: AtomicU64,
 }
 
 impl Processor {
@@ -85,6 +95,7 @@ impl Processor {
             })),
             timeout_rate,
             latency,
+            calls: Arc::default(),
         })
     }
 
@@ -97,6 +108,7 @@ impl Processor {
         currency: &str,
         customer: &str,
     ) -> Outcome {
+        self.calls.charges.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(self.latency).await; // the network round trip
         let (ledger, rate) = (self.ledger.clone(), self.timeout_rate);
         let charge = ProcessorCharge {
@@ -131,6 +143,22 @@ impl Processor {
         })
         .await;
         charged.unwrap_or_else(|e| Outcome::Unavailable(format!("the processor failed: {e}")))
+    }
+
+    /// The charge made for `key`, if any: a read, with no side effect (real processors let a
+    /// merchant look a charge up by its idempotency key).
+    pub(crate) async fn lookup(&self, key: &str) -> Option<ProcessorCharge> {
+        self.calls.lookups.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(self.latency).await;
+        self.ledger.lock().by_key.get(key).cloned()
+    }
+
+    /// How often `charge` and `lookup` were called.
+    pub(crate) fn calls(&self) -> (u64, u64) {
+        (
+            self.calls.charges.load(Ordering::Relaxed),
+            self.calls.lookups.load(Ordering::Relaxed),
+        )
     }
 
     /// Charges made since the ledger was created: the side effects that happened.

@@ -306,10 +306,28 @@ pub(crate) fn extend(
     scope: &Scope,
     fence: u64,
     lease: Duration,
+    extension: Extension,
 ) -> (Keep, Result<Timestamp, Refusal>) {
-    let until = ctx.now.saturating_add(lease);
-    update_in_progress(tx, ctx, scope, fence, |lease_until, _| *lease_until = until)
-        .map_or_else(|r| (Keep::Nothing, Err(r)), |()| (Keep::Writes, Ok(until)))
+    let wanted = ctx.now.saturating_add(lease);
+    let mut until = wanted;
+    update_in_progress(tx, ctx, scope, fence, |lease_until, _| {
+        until = match extension {
+            Extension::Exactly => wanted,
+            Extension::AtLeast => (*lease_until).max(wanted),
+        };
+        *lease_until = until;
+    })
+    .map_or_else(|r| (Keep::Nothing, Err(r)), |()| (Keep::Writes, Ok(until)))
+}
+
+/// How an extension moves the end of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Extension {
+    /// To exactly `lease` from now, even if that is sooner (`Claim::extend`: the caller says).
+    Exactly,
+    /// To `lease` from now unless it already ends later (a heartbeat never shortens a lease
+    /// the holder extended itself).
+    AtLeast,
 }
 
 /// `checkpoint`: store progress for a later attempt to read.
@@ -456,4 +474,54 @@ fn evict_from(
         }
     }
     Ok((removed, backlog))
+}
+
+/// How `forget` may remove a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forget {
+    /// An in-progress record, if it still has this fence: an operator who found out (by its
+    /// downstream key) that the abandoned attempt had no side effect gives the key back, and
+    /// a take-over in the meantime is not undone.
+    Fence(u64),
+    /// A completed record (or its tombstone), by force: the key can be used again for a new
+    /// request. An in-progress record is refused: its outcome is unknown.
+    Completed,
+}
+
+/// Why `forget` removed nothing.
+#[derive(Debug)]
+pub(crate) enum ForgetRefusal {
+    Absent,
+    Stale(StaleReason),
+    InProgress { fence: u64 },
+    Store(StoreError),
+}
+
+/// `forget`: removes a record and its index entry, by fence or, for a completed one, by force.
+pub(crate) fn forget(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    how: Forget,
+) -> (Keep, Result<Record, ForgetRefusal>) {
+    let existing = match read_record(tx, ctx, scope) {
+        Ok(Some(record)) => record,
+        Ok(None) => return (Keep::Nothing, Err(ForgetRefusal::Absent)),
+        Err(e) => return (Keep::Nothing, Err(ForgetRefusal::Store(e))),
+    };
+    let refused = match (how, &existing.state) {
+        (Forget::Fence(fence), _) => decision::check_fence(Some(&existing), fence)
+            .err()
+            .map(ForgetRefusal::Stale),
+        (Forget::Completed, RecordState::InProgress { .. }) => Some(ForgetRefusal::InProgress {
+            fence: existing.fence,
+        }),
+        (Forget::Completed, RecordState::Completed { .. } | RecordState::Tombstone { .. }) => None,
+    };
+    if let Some(refused) = refused {
+        return (Keep::Nothing, Err(refused));
+    }
+    write_record(tx, ctx, scope, Some(&existing), None);
+    (Keep::Writes, Ok(existing))
 }

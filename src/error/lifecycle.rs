@@ -160,3 +160,31 @@ pub enum WriteError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// `Store::forget` removed nothing.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ForgetError {
+    /// There is no record for the scope.
+    #[error("there is no record for {scope}; nothing to forget")]
+    Absent {
+        /// The scope.
+        scope: Scope,
+    },
+    /// The record's fence is not the one given: another attempt took it over, or it completed.
+    #[error("{0}; nothing was forgotten (list it again to see who holds it now)")]
+    Stale(StaleClaim),
+    /// The record is in progress, and `Forget::Completed` was asked: its outcome is unknown.
+    #[error(
+        "the record for {scope} is in progress (fence {fence}) and its outcome is unknown; find out what its attempt did downstream (by its downstream key), then forget it by its fence"
+    )]
+    InProgress {
+        /// The scope.
+        scope: Scope,
+        /// The fence that holds it.
+        fence: u64,
+    },
+    /// Storage failed; nothing was changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

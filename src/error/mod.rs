@@ -29,7 +29,9 @@ mod store;
 mod tx;
 
 pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
-pub use lifecycle::{BeginError, ClaimError, CommitError, StaleClaim, StaleReason, WriteError};
+pub use lifecycle::{
+    BeginError, ClaimError, CommitError, ForgetError, StaleClaim, StaleReason, WriteError,
+};
 pub use maintenance::CompactError;
 pub use open::OpenError;
 pub use recovery::RecoveryError;

@@ -106,14 +106,13 @@ async fn store_streamed<E>(
     let (parts, body) = response.into_parts();
     let status = parts.status;
     let headers = parts.headers.clone();
+    // `tee` lives until this returns, after the record is stored: only then does the client's
+    // body end.
     let (mut tee, client_body) = stream::tee();
     let _ = reply.send(Ok(Response::from_parts(parts, Body::new(client_body))));
     let recorded = tee
         .record(body, limit, settings.detached_stream_timeout)
         .await;
-    // Dropped when this returns, after the record is stored: only then does the client's
-    // body end.
-    let _tee = tee;
     let bytes = match recorded {
         Recorded::Whole(bytes) => bytes,
         Recorded::TooLarge => {
@@ -121,9 +120,11 @@ async fn store_streamed<E>(
             drop(store_in_place(claim, problem::response_not_stored(limit)).await);
             return;
         }
-        Recorded::Failed(why) => {
-            tracing::error!(scope = %claim.scope(), error = why, "the handler's response body failed part way; a fixed 500 is stored in its place");
+        Recorded::Failed(error) => {
+            tracing::error!(scope = %claim.scope(), %error, "the handler's response body failed part way; a fixed 500 is stored in its place");
             drop(store_in_place(claim, problem::response_not_stored(limit)).await);
+            // Only now: a client that retries at once finds the fixed answer.
+            tee.fail(error).await;
             return;
         }
         Recorded::Abandoned => {

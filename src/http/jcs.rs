@@ -19,11 +19,45 @@ use serde_json::{Map, Number, Value};
 
 /// The canonical form of `json`, or `None` if it is not I-JSON (not JSON, a member named twice,
 /// a number that cannot be read as a double).
+#[cfg(test)]
 pub(crate) fn canonical(json: &[u8]) -> Option<Vec<u8>> {
-    let Strict(value) = serde_json::from_slice(json).ok()?;
+    canonical_without(json, &[])
+}
+
+/// The canonical form of `json` with the members and elements that `pointers` (RFC 6901 JSON
+/// pointers, `/metadata/client_timestamp`) name left out; a pointer that names nothing leaves
+/// nothing out. `None` if it is not I-JSON (not JSON, a member named twice, a number that
+/// cannot be read as a double).
+pub(crate) fn canonical_without(json: &[u8], pointers: &[String]) -> Option<Vec<u8>> {
+    let Strict(mut value) = serde_json::from_slice(json).ok()?;
+    for pointer in pointers {
+        remove(&mut value, pointer);
+    }
     let mut out = String::with_capacity(json.len());
     write_value(&mut out, &value).ok()?;
     Some(out.into_bytes())
+}
+
+/// Removes what `pointer` names from `value`, if anything.
+fn remove(value: &mut Value, pointer: &str) {
+    let Some((parent, last)) = pointer.rsplit_once('/') else {
+        return;
+    };
+    // RFC 6901 escapes: `~1` is `/`, `~0` is `~`, in that order.
+    let last = last.replace("~1", "/").replace("~0", "~");
+    match value.pointer_mut(parent) {
+        Some(Value::Object(members)) => {
+            members.remove(&last);
+        }
+        Some(Value::Array(items)) => {
+            if let Ok(i) = last.parse::<usize>()
+                && i < items.len()
+            {
+                items.remove(i);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A number with no double value: serde_json's `arbitrary_precision` (enabled by another crate
@@ -256,6 +290,22 @@ mod tests {
             "{\"\u{10000}\":1,\"\u{e000}\":2}"
         );
         assert_eq!(canonical(b"{not json"), None);
+        let left_out = |json: &str, pointers: &[&str]| {
+            let pointers: Vec<String> = pointers.iter().map(|p| (*p).to_owned()).collect();
+            canonical_without(json.as_bytes(), &pointers)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        };
+        assert_eq!(
+            left_out(
+                r#"{"a":1,"m":{"ts":5,"k":"v"},"l":[1,2,3]}"#,
+                &["/m/ts", "/l/1", "/none/x"]
+            ),
+            Some(r#"{"a":1,"l":[1,3],"m":{"k":"v"}}"#.to_owned())
+        );
+        assert_eq!(
+            left_out(r#"{"a/b":1,"c~d":2,"e":3}"#, &["/a~1b", "/c~0d"]),
+            Some(r#"{"e":3}"#.to_owned())
+        );
     }
 
     #[test]

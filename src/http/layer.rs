@@ -11,6 +11,7 @@ use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use tower::Layer;
 
 use super::outage::Outage;
+use super::request::{Fingerprinting, QueryPart};
 use super::service::IdempotencyService;
 use crate::store::Store;
 
@@ -85,6 +86,12 @@ type OperationFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
 
 /// Default largest request body buffered for fingerprinting.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default longest wait for the store's answer before a 503.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default shortest `Idempotency-Key`, in characters: a key shorter than this is likely to
+/// collide with another of the same client's (a UUID has 36).
+pub const DEFAULT_MIN_KEY_LEN: usize = 8;
+
 /// Default time a response body is still drained after its client went away.
 pub const DEFAULT_DETACHED_STREAM_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -105,6 +112,14 @@ pub(crate) struct Settings {
     pub(crate) detached_stream_timeout: Duration,
     /// The store's outage, for `Retry-After` on 503s.
     pub(crate) outage: Arc<Outage>,
+    /// What a request's fingerprint is made of.
+    pub(crate) fingerprinting: Fingerprinting,
+    /// The longest wait for the store's answer to `begin` before a 503.
+    pub(crate) store_timeout: Duration,
+    /// Covered requests in flight at most (`None`: no cap).
+    pub(crate) in_flight: Option<Arc<tokio::sync::Semaphore>>,
+    /// The shortest key accepted, in characters.
+    pub(crate) min_key_len: usize,
 }
 
 impl Settings {
@@ -187,6 +202,10 @@ impl IdempotencyLayer {
                 challenge: HeaderValue::from_static("Bearer"),
                 detached_stream_timeout: DEFAULT_DETACHED_STREAM_TIMEOUT,
                 outage: Arc::new(Outage::default()),
+                fingerprinting: Fingerprinting::default(),
+                store_timeout: DEFAULT_STORE_TIMEOUT,
+                in_flight: None,
+                min_key_len: DEFAULT_MIN_KEY_LEN,
             }),
         }
     }
@@ -277,6 +296,87 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn challenge(mut self, challenge: HeaderValue) -> Self {
         self.settings().challenge = challenge;
+        self
+    }
+
+    /// The longest wait for the store's answer before the request is refused with 503 and a
+    /// `Retry-After`: a stalled disk or a writer held up by a slow commit closure must not hang
+    /// every request. A claim the store makes after the wait ran out stays in progress (its
+    /// request never ran), so a retry after the lease is a recovery: nothing is lost or run
+    /// twice. Default 10 s; `Duration::MAX` waits as long as it takes (no timer at all, which
+    /// also suits tests on a paused runtime clock).
+    #[must_use]
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.settings().store_timeout = timeout;
+        self
+    }
+
+    /// Caps the covered requests in flight through this layer (from admission until the
+    /// response is stored): one over the cap is refused with 503 and a `Retry-After` before
+    /// the store is touched. Default: no cap.
+    #[must_use]
+    pub fn max_in_flight(mut self, requests: usize) -> Self {
+        self.settings().in_flight = Some(Arc::new(tokio::sync::Semaphore::new(requests)));
+        self
+    }
+
+    /// The shortest key accepted, in characters; a shorter one is refused with 400. Default 8.
+    #[must_use]
+    pub fn min_key_len(mut self, chars: usize) -> Self {
+        self.settings().min_key_len = chars;
+        self
+    }
+
+    /// Whether the query string counts in a request's fingerprint (by default it does, its
+    /// parameters in a canonical order).
+    #[must_use]
+    pub fn fingerprint_query(mut self, query: QueryPart) -> Self {
+        self.settings().fingerprinting.query = query;
+        self
+    }
+
+    /// Request headers that count in the fingerprint, besides method, path, query and body
+    /// (none by default): a retry with another value of one of them is a different request.
+    #[must_use]
+    pub fn fingerprint_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.settings().fingerprinting.headers.extend(names);
+        self
+    }
+
+    /// JSON pointers (RFC 6901, `/metadata/client_timestamp`) left out of a JSON body's
+    /// fingerprint: volatile fields a client may change between retries.
+    ///
+    /// A field left out can differ between the first run and its replay: the replay is the
+    /// first run's response, whatever the retry's value. Leave out only what does not change
+    /// the operation's meaning. A pointer that does not start with `/` names nothing.
+    #[must_use]
+    pub fn fingerprint_ignore_json(
+        mut self,
+        pointers: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        for pointer in pointers {
+            let pointer = pointer.into();
+            if !pointer.starts_with('/') {
+                tracing::error!(
+                    pointer,
+                    "a JSON pointer must start with '/'; this one names nothing and is ignored"
+                );
+                continue;
+            }
+            self.settings().fingerprinting.ignore.push(pointer);
+        }
+        self
+    }
+
+    /// Replaces the fingerprint with one of the bytes `identify` makes of the request's parts
+    /// and body: what identifies a request is then the service's to say. Parts it leaves out
+    /// can differ between the first run and its replay.
+    #[must_use]
+    pub fn fingerprint_with(
+        mut self,
+        identify: impl Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync + 'static,
+    ) -> Self {
+        self.settings().fingerprinting.custom = Some(Arc::new(identify));
         self
     }
 

@@ -45,8 +45,9 @@ pub use convert::IDEMPOTENT_REPLAYED;
 pub use extract::{Finish, HandlerError, IdempotentRequest, MissingClaim};
 pub use key::IDEMPOTENCY_KEY;
 pub use layer::{
-    DEFAULT_DETACHED_STREAM_TIMEOUT, DEFAULT_MAX_BODY, Failures, IdempotencyLayer, KeyPolicy,
-    Tenant,
+    DEFAULT_DETACHED_STREAM_TIMEOUT, DEFAULT_MAX_BODY, DEFAULT_MIN_KEY_LEN, DEFAULT_STORE_TIMEOUT,
+    Failures, IdempotencyLayer, KeyPolicy, Tenant,
 };
 pub use rejection::NotStarted;
+pub use request::QueryPart;
 pub use service::IdempotencyService;

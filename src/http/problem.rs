@@ -160,6 +160,38 @@ pub(crate) fn store_unavailable(error: &StoreError, retry_after: Duration) -> Re
     response
 }
 
+/// 503: the store did not answer within the layer's timeout. If it claimed the key after
+/// that, the claim stays in progress and nothing ran.
+pub(crate) fn store_timeout(retry_after: Duration) -> Response<Body> {
+    let seconds = retry_after.as_secs().max(1);
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "idempotency-store-timeout",
+        "The idempotency store did not answer in time",
+        &format!(
+            "the service is slow to record requests right now and did not run this one; retry with the same key after {seconds} seconds"
+        ),
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+    response
+}
+
+/// 503: more covered requests are in flight than the layer's cap; the store was not touched.
+pub(crate) fn overloaded() -> Response<Body> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "overloaded",
+        "The service is busy",
+        "too many requests are in flight; nothing was run. Retry with the same key after the Retry-After seconds",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 /// 500: the task running a claimed request ended without an answer (it was cancelled as the
 /// runtime shut down). The claim stays in progress: its outcome is unknown.
 pub(crate) fn handler_lost() -> Response<Body> {

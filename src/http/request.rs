@@ -1,8 +1,10 @@
 //! A covered request's body, buffered within a limit, and its fingerprint.
 
+use std::sync::Arc;
+
 use axum::body::{Body, Bytes};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderName, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::jcs;
@@ -37,19 +39,55 @@ pub(crate) async fn read_body(
     }
 }
 
-/// The fingerprint of a request: its method, its path and query, and its body: a JSON body
-/// (by content type) in its RFC 8785 canonical form, any other body as bytes.
+/// A user function from a request's parts and body to the bytes that identify it.
+pub(crate) type FingerprintFn = Arc<dyn Fn(&Parts, &[u8]) -> Vec<u8> + Send + Sync>;
+
+/// Whether the query string counts in a request's fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum QueryPart {
+    /// It counts, its parameters sorted by name (values of one name keep their order), so
+    /// `?src=web&v=2` and `?v=2&src=web` are the same request. The default.
+    #[default]
+    Canonical,
+    /// It does not count: a retry may change it (a tracking parameter) and is still the same
+    /// request. The stored response is replayed whatever the retry's query.
+    Ignored,
+}
+
+/// What a request's fingerprint is made of (the layer's settings).
+#[derive(Clone, Default)]
+pub(crate) struct Fingerprinting {
+    pub(crate) query: QueryPart,
+    /// Headers that count, by name, in this order.
+    pub(crate) headers: Vec<HeaderName>,
+    /// JSON pointers left out of a JSON body.
+    pub(crate) ignore: Vec<String>,
+    /// Replaces all of the above.
+    pub(crate) custom: Option<FingerprintFn>,
+}
+
+/// The fingerprint of a request: its method, its path and (canonical) query, the headers that
+/// count, and its body: a JSON body (by content type) in its RFC 8785 canonical form with the
+/// ignored members left out, any other body as bytes. Or whatever a custom function makes of
+/// the request.
 ///
-/// The parts are separated by newlines, which neither a method nor a request target can hold,
-/// and the body is tagged with how it was read, so no two different requests hash the same
-/// bytes.
-pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let target = parts
-        .uri
-        .path_and_query()
-        .map_or(parts.uri.path(), |pq| pq.as_str());
+/// The parts are separated by newlines, which neither a method nor a request target nor a
+/// header value can hold, and the body is tagged with how it was read, so no two different
+/// requests hash the same bytes. With no headers configured and an already sorted query, the
+/// input is the same as before these settings existed: a retry across an upgrade matches.
+pub(crate) fn fingerprint(parts: &Parts, body: &[u8], how: &Fingerprinting) -> Fingerprint {
+    if let Some(custom) = &how.custom {
+        let mut input = b"custom\n".to_vec();
+        input.extend_from_slice(&custom(parts, body));
+        return Fingerprint::of_bytes(&input);
+    }
+    let target = match (how.query, parts.uri.query()) {
+        (QueryPart::Canonical, Some(query)) => format!("{}?{}", parts.uri.path(), sorted(query)),
+        (QueryPart::Ignored, _) | (_, None) => parts.uri.path().to_owned(),
+    };
     let canonical = if is_json(&parts.headers) {
-        jcs::canonical(body)
+        jcs::canonical_without(body, &how.ignore)
     } else {
         None
     };
@@ -64,13 +102,29 @@ pub(crate) fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
         b"\n",
         target.as_bytes(),
         b"\n",
-        tag,
-        b"\n",
-        content,
     ] {
         input.extend_from_slice(piece);
     }
+    for name in &how.headers {
+        for value in parts.headers.get_all(name) {
+            input.extend_from_slice(name.as_str().as_bytes());
+            input.extend_from_slice(b": ");
+            input.extend_from_slice(value.as_bytes());
+            input.push(b'\n');
+        }
+    }
+    for piece in [tag, b"\n", content] {
+        input.extend_from_slice(piece);
+    }
     Fingerprint::of_bytes(&input)
+}
+
+/// A query string with its parameters sorted by name; the values of one name keep their order
+/// (`a=2&a=1` is a list, and its order may matter).
+fn sorted(query: &str) -> String {
+    let mut pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+    pairs.sort_by_key(|pair| pair.split_once('=').map_or(*pair, |(name, _)| name));
+    pairs.join("&")
 }
 
 /// `application/json` or any `+json` type, parameters ignored.
@@ -103,7 +157,7 @@ mod tests {
             builder = builder.header(header::CONTENT_TYPE, ct);
         }
         let (parts, ()) = builder.body(()).expect("valid request").into_parts();
-        fingerprint(&parts, body.as_bytes())
+        fingerprint(&parts, body.as_bytes(), &Fingerprinting::default())
     }
 
     #[test]

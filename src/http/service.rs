@@ -6,6 +6,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{Request, Response};
@@ -106,6 +107,13 @@ fn admit(settings: &Settings, parts: &axum::http::request::Parts) -> Admission {
         }
         Err(why) => return Admission::Refused(problem::bad_key(&why.detail())),
     };
+    let chars = key.chars().count();
+    if chars < settings.min_key_len {
+        return Admission::Refused(problem::bad_key(&format!(
+            "the Idempotency-Key has {chars} characters and this service needs at least {}, so that keys do not collide; send a unique key (a UUID works)",
+            settings.min_key_len
+        )));
+    }
     let Some(tenant) = (settings.tenant)(parts) else {
         return Admission::Refused(problem::no_tenant(&settings.challenge));
     };
@@ -146,18 +154,40 @@ where
         Admission::Refused(answer) => return Ok(answer),
         Admission::Covered(scope) => scope,
     };
+    // Held until the response is stored (it goes with the claimed request's task).
+    let permit = match &settings.in_flight {
+        None => None,
+        Some(slots) => match slots.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) => return Ok(problem::overloaded()),
+        },
+    };
     let bytes = match request::read_body(body, &parts.headers, settings.max_body).await {
         Ok(bytes) => bytes,
         Err(BodyProblem::TooLarge) => return Ok(problem::body_too_large(settings.max_body)),
         Err(BodyProblem::Unreadable(why)) => return Ok(problem::unreadable_body(&why)),
     };
-    let fingerprint = request::fingerprint(&parts, &bytes);
-    let begun = if settings.wait.is_zero() {
-        store.begin_async(&scope, fingerprint).await
+    let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
+    let begin = async {
+        if settings.wait.is_zero() {
+            store.begin_async(&scope, fingerprint).await
+        } else {
+            store
+                .begin_or_wait_async(&scope, fingerprint, settings.wait)
+                .await
+        }
+    };
+    // Past the timeout the store may still claim the key; that claim stays in progress (its
+    // request never ran), and a retry after the lease is a recovery.
+    let begun = if settings.store_timeout == Duration::MAX {
+        begin.await
     } else {
-        store
-            .begin_or_wait_async(&scope, fingerprint, settings.wait)
-            .await
+        let limit = settings.store_timeout.saturating_add(settings.wait);
+        let Ok(begun) = tokio::time::timeout(limit, begin).await else {
+            tracing::error!(%scope, timeout = ?settings.store_timeout, "the idempotency store did not answer in time");
+            return Ok(problem::store_timeout(settings.outage.failed()));
+        };
+        begun
     };
     let claim = match begun {
         Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => {
@@ -184,7 +214,10 @@ where
     // future is dropped because the client went away.
     let request = Request::from_parts(parts, Body::from(bytes));
     let (reply, answer) = oneshot::channel();
-    let task = tokio::spawn(claimed::run(inner, store, settings, claim, request, reply));
+    let task = tokio::spawn(async move {
+        claimed::run(inner, store, settings, claim, request, reply).await;
+        drop(permit);
+    });
     match answer.await {
         Ok(result) => result,
         Err(_) => match task.await {

@@ -63,8 +63,9 @@ pub(crate) enum Recorded {
     Whole(Bytes),
     /// It ended, but was longer than the limit: the client got it all, the record has none.
     TooLarge,
-    /// It failed part way (the client saw the failure too).
-    Failed(String),
+    /// It failed part way. The client is told (with [`Tee::fail`]) once the fixed answer is
+    /// stored, so that a retry finds it.
+    Failed(BoxError),
     /// The client went away and the body did not end within the timeout.
     Abandoned,
 }
@@ -97,12 +98,7 @@ impl Tee {
             let frame = match next {
                 None => break,
                 Some(Ok(frame)) => frame,
-                Some(Err(e)) => {
-                    let e: BoxError = e.into();
-                    let message = e.to_string();
-                    self.send(Err(e)).await;
-                    return Recorded::Failed(message);
-                }
+                Some(Err(e)) => return Recorded::Failed(e.into()),
             };
             if let Some(data) = frame.data_ref()
                 && !too_large
@@ -123,6 +119,11 @@ impl Tee {
         } else {
             Recorded::Whole(Bytes::from(recorded))
         }
+    }
+
+    /// Tells the client the body failed (its stream ends in an error).
+    pub(crate) async fn fail(&mut self, error: BoxError) {
+        self.send(Err(error)).await;
     }
 
     /// Feeds the client; `false` once it has gone away.

@@ -102,3 +102,33 @@ pub fn store(dir: &tempfile::TempDir, clock: &ManualClock) -> Result<Store, idem
 pub async fn send_owned(app: Router, request: Request) -> Result<Answer, String> {
     send(&app, request).await.map_err(|e| e.to_string())
 }
+
+/// A store clock that reads the tokio runtime's clock: a test on a paused runtime moves the
+/// store's leases and the runtime's timers (a lease renewal's interval) together, with one
+/// `tokio::time::advance`.
+#[derive(Debug, Clone)]
+pub struct RuntimeClock {
+    runtime: tokio::runtime::Handle,
+    origin: tokio::time::Instant,
+    start: idemstore::Timestamp,
+}
+
+impl RuntimeClock {
+    /// Starts at the tests' usual start time, now by the current runtime's clock.
+    pub fn new() -> Self {
+        RuntimeClock {
+            runtime: tokio::runtime::Handle::current(),
+            origin: tokio::time::Instant::now(),
+            start: idemstore::Clock::now(&super::clock()),
+        }
+    }
+}
+
+impl idemstore::Clock for RuntimeClock {
+    fn now(&self) -> idemstore::Timestamp {
+        // The store reads its clock on its own threads: enter the runtime to read its clock.
+        let _entered = self.runtime.enter();
+        self.start
+            .saturating_add(tokio::time::Instant::now().duration_since(self.origin))
+    }
+}
