@@ -98,68 +98,30 @@ async fn the_query_counts_in_a_canonical_order_or_not_at_all() -> TestResult {
 async fn headers_count_only_when_named() -> TestResult {
     let dir = tempfile::tempdir()?;
     let store = store(&dir, &clock())?;
+    let in_currency = |key: &str, currency: &str| {
+        with(
+            Method::POST,
+            "/orders",
+            key,
+            &[("x-currency", currency)],
+            BODY,
+        )
+    };
     let (plain, _) = orders_app(IdempotencyLayer::new(store.clone()));
-    send(
-        &plain,
-        with(
-            Method::POST,
-            "/orders",
-            "header-plain",
-            &[("x-currency", "eur")],
-            BODY,
-        ),
-    )
-    .await?;
-    let other = send(
-        &plain,
-        with(
-            Method::POST,
-            "/orders",
-            "header-plain",
-            &[("x-currency", "usd")],
-            BODY,
-        ),
-    )
-    .await?;
+    send(&plain, in_currency("header-plain", "eur")).await?;
+    let other = send(&plain, in_currency("header-plain", "usd")).await?;
     assert!(other.replayed(), "by default headers do not count");
 
     let (named, _) = orders_app(
         IdempotencyLayer::new(store).fingerprint_headers([HeaderName::from_static("x-currency")]),
     );
-    send(
-        &named,
-        with(
-            Method::POST,
-            "/orders",
-            "header-named",
-            &[("x-currency", "eur")],
-            BODY,
-        ),
-    )
-    .await?;
-    let same = send(
-        &named,
-        with(
-            Method::POST,
-            "/orders",
-            "header-named",
-            &[("x-currency", "eur")],
-            BODY,
-        ),
-    )
-    .await?;
-    assert!(same.replayed());
-    let other = send(
-        &named,
-        with(
-            Method::POST,
-            "/orders",
-            "header-named",
-            &[("x-currency", "usd")],
-            BODY,
-        ),
-    )
-    .await?;
+    send(&named, in_currency("header-named", "eur")).await?;
+    assert!(
+        send(&named, in_currency("header-named", "eur"))
+            .await?
+            .replayed()
+    );
+    let other = send(&named, in_currency("header-named", "usd")).await?;
     assert_eq!(
         other.status,
         StatusCode::UNPROCESSABLE_ENTITY,
