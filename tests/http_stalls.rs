@@ -25,18 +25,23 @@ fn orders_scope(key: &str) -> Scope {
     Scope::new("acct_a", "POST /orders", key).expect("a valid scope")
 }
 
-/// Holds the store's writer with a write whose closure waits until `release` is notified.
+/// Holds the store's writer with a write whose closure waits on `release`; returns once the
+/// writer is held.
 fn stall_writer(store: &Store) -> (Arc<std::sync::Barrier>, std::thread::JoinHandle<()>) {
     let release = Arc::new(std::sync::Barrier::new(2));
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
     let held = std::thread::spawn({
         let (store, release) = (store.clone(), release.clone());
         move || {
             let _ = store.write(move |_tx| {
+                let _ = held_tx.send(());
                 release.wait();
                 Ok(())
             });
         }
     });
+    // Bounded: a writer that never runs the stalling write fails the test, not hangs it.
+    let _ = held_rx.recv_timeout(Duration::from_secs(30));
     (release, held)
 }
 

@@ -17,6 +17,7 @@ use crate::wal::{self, Log, LogStart, RecoveryReport};
 
 use super::meta;
 use super::registry::Registry;
+use super::replay;
 
 /// Frames replayed per redb transaction.
 const REPLAY_FRAMES_PER_TXN: u64 = 4096;
@@ -95,7 +96,7 @@ fn replay(
             Some(current) => current,
             None => txn.insert(begin().map_err(RecoveryError::Apply)?),
         };
-        wal::replay_frame(registry, current, frame, &path)?;
+        replay::apply_frame(registry, current, frame, &path)?;
         in_txn += 1;
         if in_txn == REPLAY_FRAMES_PER_TXN {
             if let Some(full) = txn.take() {

@@ -1,5 +1,6 @@
 //! Counters kept since the store was opened, read without locks by `Store::stats`.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Buckets of the group-size histogram: sizes 1, 2-3, 4-7, ..., 512-1023, 1024 and more.
@@ -18,7 +19,7 @@ pub(crate) struct Counters {
     /// Requests answered by the writer (in any group, written or not).
     pub(crate) requests: AtomicU64,
     /// Bytes appended to the write-ahead log (frames with their headers).
-    pub(crate) log_bytes: AtomicU64,
+    pub(crate) log_bytes: Arc<AtomicU64>,
     /// Log checkpoints made (redb made durable, log segments freed).
     pub(crate) checkpoints: AtomicU64,
     /// Epochs published: redb commits that made groups visible to readers.
@@ -51,7 +52,7 @@ impl Default for Counters {
             groups_committed: AtomicU64::default(),
             group_sizes: Default::default(),
             requests: AtomicU64::default(),
-            log_bytes: AtomicU64::default(),
+            log_bytes: Arc::default(),
             checkpoints: AtomicU64::default(),
             restores: AtomicU64::default(),
             epochs: AtomicU64::default(),

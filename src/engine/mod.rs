@@ -13,12 +13,12 @@ pub(crate) mod counters;
 mod database;
 pub(crate) mod job;
 pub(crate) mod lifecycle;
-mod log_thread;
 mod meta;
 pub(crate) mod open_tables;
 mod overlay;
 pub(crate) mod poison;
 pub(crate) mod registry;
+mod replay;
 pub(crate) mod sweeper;
 pub(crate) mod tables;
 pub(crate) mod watchers;
@@ -45,7 +45,6 @@ use self::context::Needs;
 use self::counters::Counters;
 use self::database::DbSlot;
 use self::job::{ExclusiveTask, Job, Keep, ReopenTask, Task, Work};
-use self::log_thread::LogThread;
 use self::overlay::{Overlaid, Overlay};
 use self::poison::Poison;
 use self::registry::Registry;
@@ -106,13 +105,6 @@ impl Engine {
         let poison = Arc::new(Poison::default());
         let counters = Arc::new(Counters::default());
         let overlay = Arc::new(Overlay::default());
-        let log_thread = match caught_up.log {
-            Some(log) => Some(
-                LogThread::start(log, overlay.clone(), counters.clone(), poison.clone())
-                    .map_err(OpenError::Thread)?,
-            ),
-            None => None,
-        };
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let shared = Shared {
             db: Arc::new(DbSlot::new(db)),
@@ -130,8 +122,9 @@ impl Engine {
             storage.clone(),
             caught_up.next_fence,
             receiver,
-            log_thread,
-        );
+            caught_up.log,
+        )
+        .map_err(OpenError::Thread)?;
         let handle = std::thread::Builder::new()
             .name("idemstore-writer".into())
             .spawn(move || writer.run())

@@ -47,7 +47,9 @@ use crate::config::{Durability, SelfHeal};
 use crate::error::StoreError;
 use crate::storage::Storage;
 use crate::tx::Tx;
-use crate::wal::{self, RecoveryReport};
+use crate::wal::{
+    self, FailedOutcome, Handoff, Log, LogFailure, LogThread, RecoveryReport, Submission,
+};
 
 use super::Shared;
 use super::backoff::Backoff;
@@ -55,9 +57,9 @@ use super::catch_up::{self, CaughtUp};
 use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, JobKind, Keep, panic_message};
-use super::log_thread::{FailedOutcome, Handoff, LogFailure, LogThread, Submission};
 use super::open_tables::OpenTables;
 use super::poison::PanicGuard;
+use super::replay;
 use super::write_set::WriteSet;
 
 /// Write-set bytes after which a group stops taking requests; the rest wait for the next
@@ -130,7 +132,7 @@ pub(crate) struct Writer {
     next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
     /// The log thread, in `Wal` mode (`None` only while a restore failed).
-    log: Option<LogThread>,
+    log: Option<LogThread<Group>>,
     last_checkpoint: Instant,
     /// After a failed checkpoint, when to try again.
     checkpoint_retry: Backoff,
@@ -144,12 +146,13 @@ impl Writer {
         storage: Storage,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
-        log: Option<LogThread>,
-    ) -> Self {
+        log: Option<Log>,
+    ) -> std::io::Result<Self> {
         let heal = match shared.config.self_heal {
             SelfHeal::Backoff { first, max } => (first, max),
             SelfHeal::Off => (Duration::MAX, Duration::MAX),
         };
+        let log = log.map(|log| start_log(&shared, log)).transpose()?;
         let mut writer = Writer {
             shared,
             storage,
@@ -161,7 +164,7 @@ impl Writer {
             heal_retry: Backoff::new(heal.0, heal.1),
         };
         writer.checkpoint_soon_if_replayed();
-        writer
+        Ok(writer)
     }
 
     /// Frames replayed at open (or by a restore) are in redb without a sync, and their segments
@@ -410,8 +413,10 @@ impl Writer {
         log.submit(
             Submission {
                 payload: outcome.payload,
-                records: outcome.records,
-                jobs,
+                ticket: Group {
+                    records: outcome.records,
+                    jobs,
+                },
             },
             handoff,
         );
@@ -423,11 +428,22 @@ impl Writer {
     fn publish(&mut self, txn: WriteTransaction, mut epoch: Epoch) {
         let failure: Option<LogFailure> = self.log.as_ref().and_then(|l| l.wait_durable().err());
         // The jobs of the groups that failed, answered once this is over.
-        let unanswered = self
+        let unanswered: Vec<Box<dyn Job>> = self
             .log
             .as_ref()
             .map(LogThread::take_unanswered)
-            .unwrap_or_default();
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|group| group.jobs)
+            .collect();
+        if failure
+            .as_ref()
+            .is_some_and(|f| f.outcome == FailedOutcome::Unknown)
+        {
+            if let Some(f) = &failure {
+                self.shared.poison.set(&f.error);
+            }
+        }
         let published = match (&failure, epoch.tainted.take()) {
             (Some(f), _) if f.outcome == FailedOutcome::Unknown => {
                 // The log may hold more than was acknowledged, or less: only its files can say.
@@ -451,12 +467,7 @@ impl Writer {
                 }
             }
         };
-        if let Some(log) = self.log.as_ref() {
-            self.shared
-                .counters
-                .log_since_checkpoint
-                .store(log.since_checkpoint(), Ordering::Relaxed);
-        }
+        self.count_log();
         if let Some(f) = &failure {
             // Told only now: they read the recovered state, and a retry finds the log open.
             self.answer(unanswered, &Err(f.error.clone()));
@@ -509,7 +520,7 @@ impl Writer {
         let rebuilt = catch_unwind(AssertUnwindSafe(|| {
             let txn = self.begin_txn()?;
             for (_, payload) in epoch.logged.iter().filter(|(n, _)| *n < keep_below) {
-                wal::apply_payload(&self.shared.registry, &txn, payload).map_err(|e| {
+                replay::apply_group(&self.shared.registry, &txn, payload).map_err(|e| {
                     StoreError::Internal {
                         message: format!("re-applying a logged group failed: {e:?}"),
                     }
@@ -618,18 +629,11 @@ impl Writer {
             log,
             next_fence,
         } = caught_up;
-        self.log = match log {
-            Some(log) => Some(
-                LogThread::start(
-                    log,
-                    self.shared.overlay.clone(),
-                    self.shared.counters.clone(),
-                    self.shared.poison.clone(),
-                )
-                .map_err(|e| restore_failed(crate::error::OpenError::Thread(e)))?,
-            ),
-            None => None,
-        };
+        self.log = log
+            .map(|log| start_log(&self.shared, log))
+            .transpose()
+            .map_err(|e| restore_failed(crate::error::OpenError::Thread(e)))?;
+        self.count_log();
         self.next_fence = self.next_fence.max(next_fence);
         self.shared.overlay.published();
         self.shared.poison.clear();
@@ -644,6 +648,16 @@ impl Writer {
         );
         *self.shared.recovery.lock() = report.clone();
         Ok(report)
+    }
+
+    /// Publishes the log's bytes since the checkpoint to the stats.
+    fn count_log(&self) {
+        if let Some(log) = self.log.as_ref() {
+            let counters = &self.shared.counters;
+            counters
+                .log_since_checkpoint
+                .store(log.since_checkpoint(), Ordering::Relaxed);
+        }
     }
 
     /// Waits briefly for more work for the open epoch; true if some arrived.
@@ -739,10 +753,14 @@ impl Writer {
         if outcome.changed {
             if self.log.is_some() {
                 let mut encoded = Vec::new();
-                wal::encode_group(&self.shared.registry, &kept, &mut encoded).map_err(|e| {
-                    StoreError::Internal {
-                        message: format!("encoding a log frame failed: {e}"),
-                    }
+                let registry = &self.shared.registry;
+                let ops = kept.iter().flat_map(WriteSet::ops).map(|op| wal::Op {
+                    table: registry.table(op.table).name(),
+                    key: &op.key,
+                    value: op.value.as_deref(),
+                });
+                wal::encode_group(ops, &mut encoded).map_err(|e| StoreError::Internal {
+                    message: format!("encoding a log frame failed: {e}"),
                 })?;
                 outcome.payload = Some(Arc::new(encoded));
                 let table = self.shared.tables.records;
@@ -879,6 +897,36 @@ impl Writer {
         );
         Ok(())
     }
+}
+
+/// What the engine hands the log with each group: settled once the group is durable.
+pub(crate) struct Group {
+    /// The group's writes to the records table, for the overlay.
+    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Its requests, answered once it is durable.
+    jobs: Vec<Box<dyn Job>>,
+}
+
+/// Starts a log thread that, for each durable group, adds its records to the overlay and then
+/// answers its requests (so a caller that was answered reads what it wrote).
+fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
+    let (overlay, counters) = (shared.overlay.clone(), shared.counters.clone());
+    LogThread::start(
+        log,
+        Box::new(move |mut groups: Vec<Group>| {
+            overlay.add(
+                groups
+                    .iter_mut()
+                    .flat_map(|g| std::mem::take(&mut g.records)),
+            );
+            let jobs: Vec<Box<dyn Job>> = groups.into_iter().flat_map(|g| g.jobs).collect();
+            Counters::add(&counters.requests, jobs.len() as u64);
+            for job in jobs {
+                job.finish(Ok(()));
+            }
+        }),
+        shared.counters.log_bytes.clone(),
+    )
 }
 
 /// A failed restore leaves the store poisoned with this cause.

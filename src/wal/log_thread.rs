@@ -1,9 +1,10 @@
 //! The log thread: appends and syncs groups while the writer executes the next ones.
 //!
-//! The writer hands over each group as it finishes (its encoded payload, the records it wrote,
-//! and its jobs). The log thread takes every group waiting, writes them as **one** frame, syncs
-//! it, and only then adds their records to the overlay and answers their jobs. Groups are
-//! answered strictly in order, including groups that wrote nothing: their answers may rest on
+//! The writer hands over each group as it finishes: its encoded payload and a *ticket*, which
+//! the log does not look into (for the engine: the records the group wrote and its requests).
+//! The log thread takes every group waiting, writes them as **one** frame, syncs it, and only
+//! then hands the tickets, in order, to the `on_durable` callback given at start. Groups are
+//! settled strictly in order, including groups that wrote nothing: their answers may rest on
 //! an earlier group's writes, which must be durable first. There is never more than one
 //! unsynced frame, which recovery relies on.
 //!
@@ -13,12 +14,13 @@
 //!
 //! Two kinds of failure, which the writer handles differently:
 //! - A frame refused before its sync (a full disk): those groups and every group after them
-//!   fail with [`StoreError::NotWritten`] (later groups may rest on the refused ones); nothing
-//!   is poisoned. The writer rebuilds its transaction without them and [`resume`s]
-//!   (LogThread::resume) the log.
-//! - A failed sync: the frame's outcome is unknown. Its groups fail with
-//!   [`StoreError::OutcomeUnknown`], the store is poisoned, and the log takes nothing more; the
-//!   writer recovers the store from the log's files and starts a new log thread.
+//!   fail with [`StoreError::NotWritten`] (later groups may rest on the refused ones). The
+//!   writer rebuilds its transaction without them and [`resume`s](LogThread::resume) the log.
+//! - A failed sync: the frame's outcome is unknown ([`StoreError::OutcomeUnknown`]), and the
+//!   log takes nothing more; the writer recovers from the log's files and starts a new one.
+//!
+//! Either way the failed groups' tickets wait for the writer
+//! ([`LogThread::take_unanswered`]), which answers them once it has recovered.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,27 +30,24 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::StoreError;
-use crate::wal::format::FRAME_HEADER_LEN;
-use crate::wal::{AppendError, Log};
 
-use super::counters::Counters;
-use super::job::Job;
-use super::overlay::Overlay;
-use super::poison::Poison;
+use super::format::FRAME_HEADER_LEN;
+use super::log::{AppendError, Log};
 
 /// Payload bytes after which the log thread stops adding groups to a frame.
 const FRAME_BYTES: usize = 64 * 1024 * 1024;
 
 /// One group, handed from the writer to the log.
-pub(crate) struct Submission {
-    /// The group's encoded `Payload`, or `None` if it wrote nothing. Shared with the writer,
+pub(crate) struct Submission<T> {
+    /// The group's encoded payload, or `None` if it wrote nothing. Shared with the writer,
     /// which keeps it until the epoch is published, to rebuild the epoch after a failure.
     pub(crate) payload: Option<Arc<Vec<u8>>>,
-    /// Its writes to the records table, for the overlay.
-    pub(crate) records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Its jobs, answered once it is durable.
-    pub(crate) jobs: Vec<Box<dyn Job>>,
+    /// What the caller settles once the group is durable.
+    pub(crate) ticket: T,
 }
+
+/// Called with the tickets of groups made durable, in order, before anything else is settled.
+pub(crate) type OnDurable<T> = Box<dyn Fn(Vec<T>) + Send + Sync>;
 
 /// Whether the writer has other work that a hand-off would let it overlap with the sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +79,7 @@ pub(crate) enum FailedOutcome {
     Unknown,
 }
 
-#[derive(Default)]
-struct State {
+struct State<T> {
     /// Groups handed over by the writer.
     submitted: u64,
     /// Groups made durable (or answered with the failure).
@@ -89,51 +87,51 @@ struct State {
     /// Sequence number of the last frame synced.
     last_seq: u64,
     failed: Option<LogFailure>,
-    /// Jobs of groups that failed: the writer answers them once it has rebuilt its epoch or
-    /// recovered, so that whoever hears of the failure and retries finds the log taking groups
-    /// again, and whoever hears "outcome unknown" reads the recovered state, never the one
-    /// before.
-    unanswered: Vec<Box<dyn Job>>,
+    /// Tickets of groups that failed: the writer answers them once it has rebuilt its epoch
+    /// or recovered, so that whoever hears of the failure and retries finds the log taking
+    /// groups again, and whoever hears "outcome unknown" reads the recovered state, never the
+    /// one before.
+    unanswered: Vec<T>,
 }
 
 /// What the log thread and the writer's inline path share.
-struct Core {
+struct Core<T> {
     log: Mutex<Log>,
-    state: Mutex<State>,
+    state: Mutex<State<T>>,
     settled: Condvar,
     since_checkpoint: AtomicU64,
-    overlay: Arc<Overlay>,
-    counters: Arc<Counters>,
-    poison: Arc<Poison>,
+    /// Frame bytes appended, headers included: a counter the caller owns (and reads live).
+    written: Arc<AtomicU64>,
+    on_durable: OnDurable<T>,
 }
 
-pub(crate) struct LogThread {
-    sender: Option<Sender<Submission>>,
-    core: Arc<Core>,
+pub(crate) struct LogThread<T> {
+    sender: Option<Sender<Submission<T>>>,
+    core: Arc<Core<T>>,
     handle: Option<JoinHandle<()>>,
 }
 
-impl LogThread {
+impl<T: Send + 'static> LogThread<T> {
+    /// Starts the thread. `written` counts the frame bytes it appends (it is the caller's, so
+    /// that it outlives this log and is read without asking it).
     pub(crate) fn start(
         log: Log,
-        overlay: Arc<Overlay>,
-        counters: Arc<Counters>,
-        poison: Arc<Poison>,
-    ) -> std::io::Result<LogThread> {
-        counters
-            .log_since_checkpoint
-            .store(log.since_checkpoint(), Ordering::Relaxed);
+        on_durable: OnDurable<T>,
+        written: Arc<AtomicU64>,
+    ) -> std::io::Result<LogThread<T>> {
         let core = Arc::new(Core {
             state: Mutex::new(State {
+                submitted: 0,
+                settled: 0,
                 last_seq: log.last_seq(),
-                ..State::default()
+                failed: None,
+                unanswered: Vec::new(),
             }),
             since_checkpoint: AtomicU64::new(log.since_checkpoint()),
+            written,
             log: Mutex::new(log),
             settled: Condvar::new(),
-            overlay,
-            counters,
-            poison,
+            on_durable,
         });
         let (sender, receiver) = channel();
         let worker = core.clone();
@@ -149,7 +147,7 @@ impl LogThread {
 
     /// Makes a group durable and answers it: here when nothing else is waiting and the log
     /// thread is idle, else on the log thread.
-    pub(crate) fn submit(&self, submission: Submission, handoff: Handoff) {
+    pub(crate) fn submit(&self, submission: Submission<T>, handoff: Handoff) {
         let idle = {
             let mut state = self.core.state.lock();
             let idle = state.settled == state.submitted;
@@ -191,8 +189,8 @@ impl LogThread {
         self.core.state.lock().failed.is_some()
     }
 
-    /// The jobs of groups that failed, for the writer to answer once it has recovered.
-    pub(crate) fn take_unanswered(&self) -> Vec<Box<dyn Job>> {
+    /// The tickets of groups that failed, for the writer to answer once it has recovered.
+    pub(crate) fn take_unanswered(&self) -> Vec<T> {
         std::mem::take(&mut self.core.state.lock().unanswered)
     }
 
@@ -223,7 +221,7 @@ impl LogThread {
     }
 }
 
-impl Drop for LogThread {
+impl<T> Drop for LogThread<T> {
     fn drop(&mut self) {
         self.sender = None;
         if let Some(handle) = self.handle.take() {
@@ -233,8 +231,8 @@ impl Drop for LogThread {
 }
 
 /// The log thread's loop: take everything waiting, one frame, one sync, answer in order.
-fn run(core: &Core, receiver: &Receiver<Submission>) {
-    let mut batch: Vec<Submission> = Vec::new();
+fn run<T>(core: &Core<T>, receiver: &Receiver<Submission<T>>) {
+    let mut batch: Vec<Submission<T>> = Vec::new();
     while let Ok(first) = receiver.recv() {
         let mut bytes = 0;
         let mut next = Some(first);
@@ -249,9 +247,8 @@ fn run(core: &Core, receiver: &Receiver<Submission>) {
     }
 }
 
-/// Writes the batch's groups as one frame, syncs it, then adds their records to the overlay
-/// and answers them in order.
-fn flush(core: &Core, batch: &mut Vec<Submission>) {
+/// Writes the batch's groups as one frame, syncs it, then settles their tickets in order.
+fn flush<T>(core: &Core<T>, batch: &mut Vec<Submission<T>>) {
     if batch.is_empty() {
         return;
     }
@@ -261,50 +258,46 @@ fn flush(core: &Core, batch: &mut Vec<Submission>) {
         Some(failure) => Err((failure.error, failure.outcome)),
         None => write(core, batch),
     };
-    match &result {
-        Ok(_) => core.overlay.add(
-            batch
-                .iter_mut()
-                .flat_map(|s| std::mem::take(&mut s.records)),
-        ),
-        Err((e, FailedOutcome::Unknown)) => core.poison.set(e),
-        Err((_, FailedOutcome::NotWritten)) => {}
-    }
-    let jobs: Vec<Box<dyn Job>> = batch.drain(..).flat_map(|s| s.jobs).collect();
-    {
-        // One critical section: whoever sees these groups settled also finds their jobs.
-        let mut state = core.state.lock();
-        let first = state.settled;
-        state.settled += batch_len;
-        match result {
-            Ok(Some(seq)) => state.last_seq = seq,
-            Ok(None) => {}
-            Err((error, outcome)) => {
-                state.failed.get_or_insert_with(|| LogFailure {
-                    first,
-                    error,
-                    outcome,
-                });
-                // Answered by the writer once it has rebuilt or recovered: a caller that
-                // retries at once must find the log taking groups again, and read the state
-                // after the recovery.
-                state.unanswered.extend(jobs);
-                drop(state);
-                core.settled.notify_all();
-                return;
+    let tickets: Vec<T> = batch.drain(..).map(|s| s.ticket).collect();
+    let mut state = core.state.lock();
+    let first = state.settled;
+    let (error, outcome) = match result {
+        Ok(seq) => {
+            drop(state);
+            // Settled (records visible, requests answered) before the writer, which waits for
+            // `settled`, may publish the epoch and clear what these groups added.
+            (core.on_durable)(tickets);
+            let mut state = core.state.lock();
+            state.settled += batch_len;
+            if let Some(seq) = seq {
+                state.last_seq = seq;
             }
+            drop(state);
+            core.settled.notify_all();
+            return;
         }
-    }
+        Err(failed) => failed,
+    };
+    // One critical section: whoever sees these groups settled also finds their tickets.
+    // Answered by the writer once it has rebuilt or recovered: a caller that retries at once
+    // must find the log taking groups again, and read the state after the recovery.
+    state.settled += batch_len;
+    state.failed.get_or_insert_with(|| LogFailure {
+        first,
+        error,
+        outcome,
+    });
+    state.unanswered.extend(tickets);
+    drop(state);
     core.settled.notify_all();
-    Counters::add(&core.counters.requests, jobs.len() as u64);
-    for job in jobs {
-        job.finish(Ok(()));
-    }
 }
 
 /// Appends the frame for a batch: `varint(groups) ‖ payload ‖ payload ...`, which is the
 /// postcard encoding of a sequence of payloads. `Ok(None)` if no group wrote anything.
-fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, (StoreError, FailedOutcome)> {
+fn write<T>(
+    core: &Core<T>,
+    batch: &[Submission<T>],
+) -> Result<Option<u64>, (StoreError, FailedOutcome)> {
     let payloads: Vec<&Arc<Vec<u8>>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
     if payloads.is_empty() {
         return Ok(None);
@@ -326,7 +319,7 @@ fn write(core: &Core, batch: &[Submission]) -> Result<Option<u64>, (StoreError, 
         ),
     })?;
     let written = (frame.len() + FRAME_HEADER_LEN) as u64;
-    Counters::add(&core.counters.log_bytes, written);
+    core.written.fetch_add(written, Ordering::Relaxed);
     core.since_checkpoint.fetch_add(written, Ordering::Relaxed);
     Ok(Some(seq))
 }
