@@ -436,13 +436,11 @@ impl Writer {
             .into_iter()
             .flat_map(|group| group.jobs)
             .collect();
-        if failure
+        if let Some(f) = failure
             .as_ref()
-            .is_some_and(|f| f.outcome == FailedOutcome::Unknown)
+            .filter(|f| f.outcome == FailedOutcome::Unknown)
         {
-            if let Some(f) = &failure {
-                self.shared.poison.set(&f.error);
-            }
+            self.shared.poison.set(&f.error);
         }
         let published = match (&failure, epoch.tainted.take()) {
             (Some(f), _) if f.outcome == FailedOutcome::Unknown => {
