@@ -49,7 +49,7 @@ fn run(store: &Store, next: &AtomicU64, duration: Option<Duration>, until: u64) 
 }
 
 fn timed(store: &Store, next: &AtomicU64, label: &str) -> f64 {
-    let at = store.counts().expect("counts").records;
+    let at = store.exact_stats().expect("counts").records;
     let rate = run(store, next, Some(Duration::from_secs(1)), u64::MAX);
     println!("  {label} store, run starting at {at} keys: {rate:.0} pairs/s");
     rate
@@ -92,7 +92,7 @@ fn main() {
     );
 
     store.checkpoint().expect("checkpoint");
-    let records = store.counts().expect("counts").records;
+    let records = store.exact_stats().expect("counts").records;
     let before = file_len(dir.path());
     let compacted = store.compact().expect("compact");
     println!(

@@ -138,7 +138,7 @@ fn main() {
         let store = open(&dir, durability).expect("reopen after the crash");
         let store_reopen = started.elapsed();
         let report = store.recovery_report().clone();
-        let counts = store.counts().expect("counts");
+        let counts = store.exact_stats().expect("counts");
         println!(
             "{mode}: {} records, {:.0} MB on disk ({:.0} MB redb file); redb reopen {:.3} s (full repair: {}); \
              store reopen {:.3} s (replayed {} frames, {:.1} MB of log); total {:.3} s",

@@ -12,27 +12,16 @@
 
 use std::time::Duration;
 
-use crate::claim::{Begin, Claim};
-use crate::engine::context::Needs;
-use crate::engine::job::Keep;
-use crate::engine::lifecycle::{self, Evicted, UserFailure};
-use crate::error::{BeginError, BoxError, ClaimError, CommitError, StoreError, WriteError};
+use crate::claim::Begin;
+use crate::claim::Claim;
+use crate::claim::CommitError;
+use crate::engine::{Tx, request};
+use crate::error::{BoxError, ClaimError, StoreError, WriteError};
 use crate::fingerprint::Fingerprint;
+use crate::maintenance::Evicted;
 use crate::response::Response;
 use crate::scope::Scope;
-use crate::store::{ReadPath, Store, begin_span};
-use crate::tx::Tx;
-
-/// Runs blocking work on the runtime's blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| StoreError::Internal {
-            message: format!("a blocking read failed to run: {e}"),
-        })
-}
+use crate::store::{Store, written};
 
 impl Store {
     /// [`Store::begin`] for async callers.
@@ -43,33 +32,9 @@ impl Store {
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
-    ) -> Result<Begin, BeginError> {
-        let span = begin_span(scope);
-        let answer = async {
-            // Inline when the file is free (a read of cached pages: microseconds, far less
-            // than a hop to the blocking pool); on the blocking pool while a compaction holds it.
-            let path = match self.try_read_path(scope, fingerprint) {
-                Some(path) => path?,
-                None => {
-                    let (store, read_scope) = (self.clone(), scope.clone());
-                    blocking(move || store.read_path(&read_scope, fingerprint)).await??
-                }
-            };
-            match path {
-                ReadPath::Answered(answer) => Ok(answer),
-                ReadPath::Writer => {
-                    let decided = scope.clone();
-                    let answer = self
-                        .engine()
-                        .call_async(move |tx, ctx| lifecycle::begin(tx, ctx, &decided, fingerprint))
-                        .await??;
-                    Ok(self.writer_answer(scope, fingerprint, answer))
-                }
-            }
-        }
-        .await;
-        let _entered = span.enter();
-        self.answered(answer)
+    ) -> Result<Begin, StoreError> {
+        let begun = self.engine().begin_async(scope, fingerprint).await?;
+        Ok(self.bind(scope, fingerprint, begun))
     }
 
     /// [`Store::begin_or_wait`] for async callers: waits on a notification from the holder,
@@ -82,30 +47,12 @@ impl Store {
         scope: &Scope,
         fingerprint: Fingerprint,
         max_wait: Duration,
-    ) -> Result<Begin, BeginError> {
-        // `Duration::MAX` means "as long as it takes": cap it where the sum would overflow.
-        let start = tokio::time::Instant::now();
-        let deadline = start
-            .checked_add(max_wait)
-            .unwrap_or(start + crate::store::MAX_WAIT);
-        loop {
-            let watch = self.engine().watchers().watch(scope.encode());
-            let slot = watch.slot.clone();
-            // Registered before the generation is read: a change in between still wakes it.
-            let changed = slot.notify.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let seen = slot.generation();
-            match self.begin_async(scope, fingerprint).await? {
-                Begin::InProgress { .. } if watch.slot.worth_waiting(seen) => {
-                    if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                        drop(watch);
-                        return self.begin_async(scope, fingerprint).await;
-                    }
-                }
-                other => return Ok(other),
-            }
-        }
+    ) -> Result<Begin, StoreError> {
+        let begun = self
+            .engine()
+            .begin_or_wait_async(scope, fingerprint, max_wait)
+            .await?;
+        Ok(self.bind(scope, fingerprint, begun))
     }
 
     /// [`Store::write`] for async callers.
@@ -117,14 +64,11 @@ impl Store {
         T: Send + 'static,
         F: FnOnce(&mut Tx<'_>) -> Result<T, BoxError> + Send + 'static,
     {
-        let answer = self
-            .engine()
-            .call_async(move |tx, _ctx| lifecycle::write(tx, Box::new(work)))
-            .await?;
-        answer.map_err(|failure| match failure {
-            UserFailure::Aborted(e) => WriteError::Aborted(e),
-            UserFailure::Panicked(message) => WriteError::Panicked { message },
-        })
+        written(
+            self.engine()
+                .run_async(request::write(Box::new(work)))
+                .await?,
+        )
     }
 
     /// [`Store::evict_expired`] for async callers.
@@ -132,8 +76,7 @@ impl Store {
     /// # Errors
     /// As [`Store::evict_expired`].
     pub async fn evict_expired_async(&self, limit: usize) -> Result<Evicted, StoreError> {
-        let store = self.clone();
-        blocking(move || store.evict_expired(limit)).await?
+        self.engine().evict_async(limit).await
     }
 
     /// [`Store::checkpoint`] for async callers.
@@ -141,12 +84,7 @@ impl Store {
     /// # Errors
     /// As [`Store::checkpoint`].
     pub async fn checkpoint_async(&self) -> Result<(), StoreError> {
-        self.engine()
-            .call_async(|_, ctx| {
-                ctx.need(Needs::Checkpointed);
-                (Keep::Nothing, ())
-            })
-            .await
+        self.engine().run_async(request::checkpoint_log()).await
     }
 }
 
@@ -162,7 +100,7 @@ impl Claim {
         let answer = self
             .store()
             .engine()
-            .call_async(self.commit_work(work))
+            .run_async(self.commit_request(work))
             .await;
         let _entered = self.span("commit").entered();
         self.committed(answer)
@@ -173,7 +111,11 @@ impl Claim {
     /// # Errors
     /// As [`Claim::release`].
     pub async fn release_async(self) -> Result<(), ClaimError> {
-        let answer = self.store().engine().call_async(self.release_work()).await;
+        let answer = self
+            .store()
+            .engine()
+            .run_async(self.release_request())
+            .await;
         self.refused(answer)
     }
 
@@ -182,8 +124,8 @@ impl Claim {
     /// # Errors
     /// As [`Claim::extend`].
     pub async fn extend_async(&mut self, lease: Duration) -> Result<(), ClaimError> {
-        let work = self.extend_work(lease)?;
-        let answer = self.store().engine().call_async(work).await;
+        let request = self.extend_request(lease)?;
+        let answer = self.store().engine().run_async(request).await;
         let until = self.refused(answer)?;
         self.set_lease_until(until);
         Ok(())
@@ -195,60 +137,10 @@ impl Claim {
     /// As [`Claim::checkpoint`].
     pub async fn checkpoint_async(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
         let bytes = bytes.into();
-        let work = self.checkpoint_work(bytes.clone())?;
-        let answer = self.store().engine().call_async(work).await;
+        let request = self.checkpoint_request(bytes.clone())?;
+        let answer = self.store().engine().run_async(request).await;
         self.refused(answer)?;
         self.set_checkpoint(bytes);
-        Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::clock::{ManualClock, Timestamp};
-    use crate::config::Sweep;
-
-    /// While a compaction holds the file, `begin_async` does not read inline (which would block
-    /// a runtime worker for the whole compaction): it reads from the blocking pool and answers
-    /// once the file is free.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn begin_reads_off_the_runtime_while_the_file_is_held() -> Result<(), crate::Error> {
-        let dir = tempfile::tempdir().map_err(|e| StoreError::Internal {
-            message: e.to_string(),
-        })?;
-        let store = Store::builder()
-            .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-            .sweep(Sweep::Off)
-            .open(dir.path().join("idem"))?;
-        let scope = Scope::new("t", "op", "k")?;
-        let fingerprint = Fingerprint::of_bytes(b"request");
-        let Begin::Claimed(claim) = store.begin_async(&scope, fingerprint).await? else {
-            panic!("a new key is claimed");
-        };
-        claim
-            .commit_async(|_| Ok(Response::new(201, "done")))
-            .await?;
-        store.checkpoint_async().await?; // published to redb: the read must go to the file
-
-        let held = store.engine().hold_exclusively();
-        assert!(
-            store.try_read_path(&scope, fingerprint).is_none(),
-            "no inline read while held"
-        );
-        let begin = tokio::spawn({
-            let (store, scope) = (store.clone(), scope.clone());
-            async move { store.begin_async(&scope, fingerprint).await }
-        });
-        drop(held);
-        let answer = begin.await.map_err(|e| StoreError::Internal {
-            message: e.to_string(),
-        })??;
-        assert!(matches!(answer, Begin::Replay(r) if r.body() == b"done"));
-        assert!(matches!(
-            store.try_read_path(&scope, fingerprint),
-            Some(Ok(ReadPath::Answered(_)))
-        ));
         Ok(())
     }
 }

@@ -7,8 +7,7 @@ use redb::{Key, TableDefinition, TableHandle, Value};
 
 use crate::clock::Clock;
 use crate::config::{Config, Durability, LoosePermissions, SelfHeal, Sweep};
-use crate::engine::registry::{Internal, RegisterError, Registry};
-use crate::engine::tables::InternalTables;
+use crate::engine::Tables;
 use crate::error::OpenError;
 use crate::storage::Storage;
 use crate::store::Store;
@@ -18,8 +17,7 @@ use crate::store::Store;
 #[derive(Debug)]
 pub struct Builder {
     config: Config,
-    registry: Registry,
-    tables: InternalTables,
+    tables: Tables,
     bad_table: Option<OpenError>,
 }
 
@@ -32,12 +30,9 @@ impl Default for Builder {
 impl Builder {
     /// A builder with every setting at its default.
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let tables = InternalTables::register(&mut registry);
         Builder {
             config: Config::default(),
-            registry,
-            tables,
+            tables: Tables::new(),
             bad_table: None,
         }
     }
@@ -88,16 +83,7 @@ impl Builder {
         table: TableDefinition<'_, K, V>,
     ) -> Self {
         let name = table.name();
-        if let Err(e) = self.registry.register::<K, V>(name, Internal::No) {
-            let reason = match e {
-                RegisterError::Reserved => {
-                    "names starting with \"idemstore.\" are reserved; rename it".to_owned()
-                }
-                RegisterError::Duplicate { registered } => format!(
-                    "it is already registered as <{registered}>; register each name with one key and value type"
-                ),
-                RegisterError::TooMany => "too many tables (65,536 at most)".to_owned(),
-            };
+        if let Err(reason) = self.tables.register::<K, V>(name) {
             self.bad_table.get_or_insert(OpenError::BadTable {
                 name: name.to_owned(),
                 reason,
@@ -234,6 +220,6 @@ impl Builder {
             return Err(e);
         }
         self.config.validate()?;
-        Store::open_with(storage, self.config, self.registry, self.tables)
+        Store::open_with(storage, self.config, self.tables)
     }
 }

@@ -1,57 +1,29 @@
-//! What `begin` answers, and the claim a winner holds while it works.
+//! The claim a winner of `begin` holds while it works: a facade that builds the engine's
+//! requests for its scope and fence and maps their answers to errors.
 
 use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::clock::Timestamp;
-use crate::config::MAX_LEASE;
-use crate::engine::context::Context;
-use crate::engine::counters::Counters;
-use crate::engine::job::Work;
-use crate::engine::lifecycle::{self, CommitRefusal, Extension, Held, Refusal, UserFailure};
-use crate::error::{BoxError, ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
+use crate::engine::{CommitRefusal, Extension, Held, Refusal, Request, Tx, UserFailure, request};
+use crate::error::{BoxError, ClaimError, StaleClaim, StaleReason, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::limits::MAX_LEASE;
 use crate::response::Response;
 use crate::scope::Scope;
 use crate::store::Store;
-use crate::tx::Tx;
 
 const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
 
-/// The outcome of [`Store::begin`]: one atomic decision per call.
-///
-/// Deliberately not `#[non_exhaustive]`: a new outcome must fail to compile in every `match`
-/// rather than fall into a wildcard arm that might run the operation twice.
-#[derive(Debug)]
-#[must_use = "a Begin says whether to do the work; ignoring it loses a claim or a replay"]
-pub enum Begin {
-    /// No live record existed: the caller owns the scope and must do the work, then
-    /// [`commit`](Claim::commit) or [`release`](Claim::release).
-    Claimed(Claim),
-    /// A previous attempt's lease expired: the caller owns the scope now, as attempt
-    /// [`Claim::attempt`]. The previous attempt may have had side effects; its last checkpoint
-    /// is [`Claim::last_checkpoint`]. Reconcile with [`Claim::downstream_key`] before acting.
-    Recovered(Claim),
-    /// The request already completed: this is its stored response, byte for byte.
-    Replay(Response),
-    /// A live claim for the same request holds the scope; nothing was written. Retry after
-    /// `retry_after` (the rest of its lease).
-    InProgress {
-        /// How long until the holder's lease ends.
-        retry_after: Duration,
-    },
-    /// The scope is held or completed for a different request (another fingerprint): the key
-    /// was reused for a different operation. Nothing was written.
-    Mismatch,
-    /// The request completed at `completed_at`, but its response was evicted after the TTL
-    /// (a tombstone remains, see `Builder::tombstone_ttl`). It must not run again; the client
-    /// should look the result up by other means. Nothing was written.
-    Expired {
-        /// When the operation completed.
-        completed_at: Timestamp,
-    },
-}
+/// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::begin::Begin) for each case. The
+/// default claim is the local store's.
+pub type Begin<C = Claim> = crate::begin::Begin<C>;
+
+/// `commit` (or `complete`) did not store the response: see
+/// [`CommitError`](enum@crate::protocol::CommitError) for each case. The default claim is the
+/// local store's.
+pub type CommitError<C = Claim> = crate::error::CommitError<C>;
 
 /// Ownership of a scope while the work runs.
 ///
@@ -157,7 +129,7 @@ impl Claim {
     {
         let span = self.span("commit");
         let _entered = span.enter();
-        let answer = self.store.engine().call(self.commit_work(work));
+        let answer = self.store.engine().run(self.commit_request(work));
         self.committed(answer)
     }
 
@@ -169,7 +141,7 @@ impl Claim {
     pub fn release(self) -> Result<(), ClaimError> {
         let span = self.span("release");
         let _entered = span.enter();
-        let answer = self.store.engine().call(self.release_work());
+        let answer = self.store.engine().run(self.release_request());
         self.refused(answer)
     }
 
@@ -181,8 +153,8 @@ impl Claim {
     pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
         let span = self.span("extend");
         let _entered = span.enter();
-        let work = self.extend_work(lease)?;
-        let answer = self.store.engine().call(work);
+        let request = extend_request(&self.scope, self.held.fence, lease, Extension::Exactly)?;
+        let answer = self.store.engine().run(request);
         self.held.lease_until = self.refused(answer)?;
         Ok(())
     }
@@ -198,8 +170,8 @@ impl Claim {
         let span = self.span("checkpoint");
         let _entered = span.enter();
         let bytes = bytes.into();
-        let work = self.checkpoint_work(bytes.clone())?;
-        let answer = self.store.engine().call(work);
+        let request = self.checkpoint_request(bytes.clone())?;
+        let answer = self.store.engine().run(request);
         self.refused(answer)?;
         self.held.checkpoint = Some(bytes);
         Ok(())
@@ -220,14 +192,12 @@ impl Claim {
         self.held.checkpoint = Some(bytes);
     }
 
-    /// The writer's part of `commit`.
-    pub(crate) fn commit_work<F>(&self, work: F) -> impl Work<Result<Response, CommitRefusal>>
+    /// The engine's request for `commit`.
+    pub(crate) fn commit_request<F>(&self, work: F) -> Request<Result<Response, CommitRefusal>>
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
-        let scope = self.scope.clone();
-        let fence = self.held.fence;
-        move |tx, ctx| lifecycle::commit(tx, ctx, &scope, fence, Box::new(work))
+        request::commit(self.scope.clone(), self.held.fence, Box::new(work))
     }
 
     /// `commit`'s answer, with the claim handed back when it is still held.
@@ -235,52 +205,61 @@ impl Claim {
         self,
         answer: Result<Result<Response, CommitRefusal>, StoreError>,
     ) -> Result<Response, CommitError> {
-        match answer {
+        let refusal = match answer {
             Ok(Ok(response)) => {
                 tracing::debug!(status = response.status(), "committed");
-                Ok(response)
+                return Ok(response);
             }
-            Ok(Err(CommitRefusal::User(UserFailure::Aborted(source)))) => {
-                Err(CommitError::Aborted {
-                    source,
-                    claim: Box::new(self),
-                })
+            Ok(Err(refusal)) => refusal,
+            Err(e) => return Err(e.into()),
+        };
+        let claim = Box::new(self);
+        Err(match refusal {
+            CommitRefusal::User(UserFailure::Aborted(source)) => {
+                CommitError::Aborted { source, claim }
             }
-            Ok(Err(CommitRefusal::User(UserFailure::Panicked(message)))) => {
-                Err(CommitError::Panicked {
-                    message,
-                    claim: Box::new(self),
-                })
+            CommitRefusal::User(UserFailure::Panicked(message)) => {
+                CommitError::Panicked { message, claim }
             }
-            Ok(Err(CommitRefusal::InvalidResponse(source))) => Err(CommitError::InvalidResponse {
-                source,
-                claim: Box::new(self),
-            }),
-            Ok(Err(CommitRefusal::Refused(Refusal::Stale(reason)))) => {
-                Err(self.stale(reason).into())
+            CommitRefusal::InvalidResponse(source) => {
+                CommitError::InvalidResponse { source, claim }
             }
-            Ok(Err(CommitRefusal::Refused(Refusal::Store(e)))) | Err(e) => Err(e.into()),
-        }
+            CommitRefusal::Refused(Refusal::Stale(reason)) => claim.stale(reason).into(),
+            CommitRefusal::Refused(Refusal::Store(e)) => e.into(),
+        })
     }
 
-    /// The writer's part of `release`.
-    pub(crate) fn release_work(&self) -> impl Work<Result<(), Refusal>> {
-        let scope = self.scope.clone();
-        let fence = self.held.fence;
-        move |tx, ctx| lifecycle::release(tx, ctx, &scope, fence)
+    /// The engine's request for `release`.
+    pub(crate) fn release_request(&self) -> Request<Result<(), Refusal>> {
+        request::release(self.scope.clone(), self.held.fence)
     }
 
-    /// The writer's part of `extend`, after checking the lease.
-    pub(crate) fn extend_work(
+    /// The engine's request for `extend`, after checking the lease.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn extend_request(
         &self,
         lease: Duration,
-    ) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
-        extend_work(
+    ) -> Result<Request<Result<Timestamp, Refusal>>, ClaimError> {
+        extend_request(&self.scope, self.held.fence, lease, Extension::Exactly)
+    }
+
+    /// The engine's request for `checkpoint`, after checking the size.
+    pub(crate) fn checkpoint_request(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<Request<Result<(), Refusal>>, ClaimError> {
+        let max = self.store.limits().max_checkpoint_bytes;
+        if bytes.len() > max {
+            return Err(ClaimError::CheckpointTooLarge {
+                len: bytes.len(),
+                max,
+            });
+        }
+        Ok(request::checkpoint(
             self.scope.clone(),
             self.held.fence,
-            lease,
-            Extension::Exactly,
-        )
+            bytes,
+        ))
     }
 
     /// What renews this claim's lease from beside its holder (a heartbeat), without the claim.
@@ -293,40 +272,10 @@ impl Claim {
         }
     }
 
-    /// The writer's part of `checkpoint`, after checking the size.
-    pub(crate) fn checkpoint_work(
-        &self,
-        bytes: Vec<u8>,
-    ) -> Result<impl Work<Result<(), Refusal>>, ClaimError> {
-        let max = self.store.engine().config().max_checkpoint_bytes;
-        if bytes.len() > max {
-            return Err(ClaimError::CheckpointTooLarge {
-                len: bytes.len(),
-                max,
-            });
-        }
-        let scope = self.scope.clone();
-        let fence = self.held.fence;
-        Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-            lifecycle::checkpoint(tx, ctx, &scope, fence, bytes)
-        })
-    }
-
     fn stale(&self, reason: StaleReason) -> StaleClaim {
-        Counters::add(&self.store.engine().counters().stale, 1);
-        tracing::warn!(
-            tenant = self.scope.tenant(),
-            operation = self.scope.operation(),
-            key = self.scope.key(),
-            fence = self.held.fence,
-            %reason,
-            "refused a stale claim"
-        );
-        StaleClaim {
-            scope: self.scope.clone(),
-            fence: self.held.fence,
-            reason,
-        }
+        self.store
+            .engine()
+            .stale(&self.scope, self.held.fence, reason)
     }
 
     /// A span for an operation (`commit`, `release`, ...) on this claim.
@@ -341,6 +290,7 @@ impl Claim {
         )
     }
 
+    /// A fence-checked operation's answer as the caller sees it.
     pub(crate) fn refused<T>(
         &self,
         answer: Result<Result<T, Refusal>, StoreError>,
@@ -353,22 +303,21 @@ impl Claim {
     }
 }
 
-/// The writer's part of an extension of the claim `(scope, fence)`, after checking the lease.
-fn extend_work(
-    scope: Scope,
+/// The engine's request for an extension of the claim `(scope, fence)`, after checking the
+/// lease.
+fn extend_request(
+    scope: &Scope,
     fence: u64,
     lease: Duration,
     extension: Extension,
-) -> Result<impl Work<Result<Timestamp, Refusal>>, ClaimError> {
+) -> Result<Request<Result<Timestamp, Refusal>>, ClaimError> {
     if lease.is_zero() || lease > MAX_LEASE {
         return Err(ClaimError::InvalidLease {
             requested_ms: lease.as_millis(),
             max_ms: MAX_LEASE.as_millis(),
         });
     }
-    Ok(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::extend(tx, ctx, &scope, fence, lease, extension)
-    })
+    Ok(request::extend(scope.clone(), fence, lease, extension))
 }
 
 /// Renews a claim's lease from beside its holder, without the claim itself: a heartbeat runs
@@ -406,14 +355,14 @@ impl LeaseHandle {
     /// Moves the end of the lease to `lease` from now, unless it already ends later.
     #[cfg(feature = "tokio")]
     pub(crate) async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        let work = extend_work(self.scope.clone(), self.fence, lease, Extension::AtLeast)?;
-        Self::renewed(self.store.engine().call_async(work).await?)
+        let request = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)?;
+        Self::renewed(self.store.engine().run_async(request).await?)
     }
 
     /// [`LeaseHandle::renew`], blocking.
     pub(crate) fn renew_blocking(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        let work = extend_work(self.scope.clone(), self.fence, lease, Extension::AtLeast)?;
-        Self::renewed(self.store.engine().call(work)?)
+        let request = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)?;
+        Self::renewed(self.store.engine().run(request)?)
     }
 
     fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
@@ -426,6 +375,6 @@ impl LeaseHandle {
 
     /// The store's lease: what each renewal extends by.
     pub(crate) fn lease(&self) -> Duration {
-        self.store.engine().config().lease
+        self.store.limits().lease
     }
 }

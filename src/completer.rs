@@ -5,7 +5,7 @@
 //! client never retries, nobody finishes it: the customer was charged and there is no record
 //! of it. A [`Completer`] is the reconciler that finishes such work: for each operation the
 //! application registers a function, and the completer hands it every abandoned key of that
-//! operation as a *recovery*, a [`Claim`] taken over like any retry would (attempt n + 1, the
+//! operation as a *recovery*, a [`Claim`](crate::Claim) taken over like any retry would (attempt n + 1, the
 //! last checkpoint, the downstream key), fenced like any other holder. The function pushes the
 //! work through and commits, records a final failure, or releases the key.
 
@@ -20,15 +20,16 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::claim::{Begin, Claim};
+use crate::claim::Begin;
 use crate::error::{BoxError, StoreError};
+use crate::protocol::{Protocol, ProtocolClaim};
 use crate::scope::Scope;
 use crate::store::Store;
 
 /// What a completion function returns.
 type Completion = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;
 /// A registered completion function.
-type CompleteFn = Arc<dyn Fn(Claim) -> Completion + Send + Sync>;
+type CompleteFn<C> = Arc<dyn Fn(C) -> Completion + Send + Sync>;
 /// A finished completion task: its key and what the function returned (or how it failed).
 type Finished = Result<(Scope, Result<(), BoxError>), tokio::task::JoinError>;
 
@@ -57,15 +58,16 @@ type Finished = Result<(Scope, Result<(), BoxError>), tokio::task::JoinError>;
 /// ```
 ///
 /// The function gets the claim as a take-over: it should find out what the previous attempt
-/// did (by [`Claim::downstream_key`] and [`Claim::last_checkpoint`]) and then commit, or
+/// did (by [`Claim::downstream_key`](crate::Claim::downstream_key) and [`Claim::last_checkpoint`](crate::Claim::last_checkpoint)) and then commit, or
 /// release the key if nothing happened. If it returns an error, or leaves the claim unfinished,
 /// the key stays in progress and is tried again in a later round, each time after a longer
 /// wait (`backoff`). A function that may run longer than the lease should hold a
 /// [`KeepAlive`](crate::KeepAlive).
-#[derive(Clone)]
-pub struct Completer {
-    store: Store,
-    operations: HashMap<String, CompleteFn>,
+///
+/// `P` is the backend ([`Store`] by default); the functions get its claim type.
+pub struct Completer<P: Protocol = Store> {
+    store: P,
+    operations: HashMap<String, CompleteFn<P::Claim>>,
     every: Duration,
     concurrency: usize,
     batch: usize,
@@ -74,7 +76,21 @@ pub struct Completer {
     waiting: Arc<Mutex<HashMap<Scope, (Instant, Duration)>>>,
 }
 
-impl fmt::Debug for Completer {
+impl<P: Protocol> Clone for Completer<P> {
+    fn clone(&self) -> Self {
+        Completer {
+            store: self.store.clone(),
+            operations: self.operations.clone(),
+            every: self.every,
+            concurrency: self.concurrency,
+            batch: self.batch,
+            backoff: self.backoff,
+            waiting: self.waiting.clone(),
+        }
+    }
+}
+
+impl<P: Protocol> fmt::Debug for Completer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Completer")
             .field("operations", &self.operations.keys().collect::<Vec<_>>())
@@ -102,11 +118,11 @@ pub struct Round {
     pub taken: usize,
 }
 
-impl Completer {
+impl<P: Protocol> Completer<P> {
     /// A completer with no operations yet; runs every 10 s, 4 completions at a time, looks at
     /// up to 100 abandoned keys a round, and waits 10 s (doubling to 10 min) before trying a
     /// key whose completion failed again.
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: P) -> Self {
         Completer {
             store,
             operations: HashMap::new(),
@@ -124,10 +140,10 @@ impl Completer {
     #[must_use]
     pub fn operation<F, Fut>(mut self, operation: &str, complete: F) -> Self
     where
-        F: Fn(Claim) -> Fut + Send + Sync + 'static,
+        F: Fn(P::Claim) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), BoxError>> + Send + 'static,
     {
-        let complete: CompleteFn = Arc::new(move |claim| Box::pin(complete(claim)));
+        let complete: CompleteFn<P::Claim> = Arc::new(move |claim| Box::pin(complete(claim)));
         self.operations.insert(operation.to_owned(), complete);
         self
     }
@@ -182,13 +198,7 @@ impl Completer {
     /// # Errors
     /// [`StoreError`] if the abandoned keys cannot be listed.
     pub async fn run_once(&self) -> Result<Round, StoreError> {
-        let store = self.store.clone();
-        let batch = self.batch;
-        let abandoned = tokio::task::spawn_blocking(move || store.abandoned(batch))
-            .await
-            .map_err(|e| StoreError::Internal {
-                message: format!("listing abandoned work failed to run: {e}"),
-            })??;
+        let abandoned = self.store.abandoned(self.batch).await?;
         let mut round = Round::default();
         let mut running = JoinSet::new();
         for work in abandoned {
@@ -199,12 +209,12 @@ impl Completer {
                 round.waiting += 1;
                 continue;
             }
-            let claim = match self.store.begin_async(&work.scope, work.fingerprint).await {
+            let claim = match self.store.begin(&work.scope, work.fingerprint).await {
                 Ok(Begin::Recovered(claim)) => claim,
                 // Released or evicted since it was listed: there is nothing to complete, and
                 // this fresh claim must not hold the key.
                 Ok(Begin::Claimed(claim)) => {
-                    if let Err(e) = claim.release_async().await {
+                    if let Err(e) = claim.release().await {
                         tracing::warn!(error = %e, "could not release a key the completer claimed by mistake");
                     }
                     continue;
@@ -213,7 +223,7 @@ impl Completer {
                     round.taken += 1;
                     continue;
                 }
-                Err(crate::error::BeginError::Store(e)) => return Err(e),
+                Err(e) => return Err(e),
             };
             while running.len() >= self.concurrency {
                 self.settle(running.join_next().await, &mut round);

@@ -1,5 +1,9 @@
 //! The store's settings, validated once at open.
 
+use crate::limits::{
+    MAX_BATCH, MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_SEGMENT_BYTES, MAX_TTL,
+    MIN_SEGMENT_BYTES,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,23 +106,6 @@ pub enum LoosePermissions {
     Refuse,
 }
 
-/// Longest lease a claim may hold or be extended to.
-pub const MAX_LEASE: Duration = Duration::from_secs(7 * 24 * 3600);
-/// Longest TTL a completed record may be kept for (ten years).
-pub const MAX_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
-/// Largest accepted `max_response_bytes`.
-pub const MAX_RESPONSE_LIMIT: usize = 64 * 1024 * 1024;
-/// Largest accepted `max_checkpoint_bytes`.
-pub const MAX_CHECKPOINT_LIMIT: usize = 16 * 1024 * 1024;
-/// Largest accepted `max_batch`.
-pub const MAX_BATCH_LIMIT: usize = 65_536;
-/// Smallest accepted log segment size.
-pub const MIN_SEGMENT_BYTES: u64 = 64 * 1024;
-/// Largest accepted log segment size.
-pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
-/// Most bytes one request (one commit or write) may write, keys and values together.
-pub const MAX_REQUEST_BYTES: u64 = 256 * 1024 * 1024;
-
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Duration,
@@ -179,19 +166,19 @@ impl Config {
                 format!("{:?} is outside 1 ms ..= 7 days", self.lease),
             );
         }
-        if !(1024..=MAX_RESPONSE_LIMIT).contains(&self.max_response_bytes) {
+        if !(1024..=MAX_RESPONSE_BYTES).contains(&self.max_response_bytes) {
             return invalid(
                 "max_response_bytes",
                 format!("{} is outside 1 KiB ..= 64 MiB", self.max_response_bytes),
             );
         }
-        if self.max_checkpoint_bytes > MAX_CHECKPOINT_LIMIT {
+        if self.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES {
             return invalid(
                 "max_checkpoint_bytes",
                 format!("{} is over 16 MiB", self.max_checkpoint_bytes),
             );
         }
-        if !(1..=MAX_BATCH_LIMIT).contains(&self.max_batch) {
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
             return invalid(
                 "max_batch",
                 format!("{} is outside 1 ..= 65536", self.max_batch),

@@ -12,15 +12,15 @@ use crate::fingerprint::Fingerprint;
 use crate::record::{Record, RecordState, Visibility};
 use crate::response::Response;
 
-/// What `begin` must do, decided from the stored record alone.
+/// What `begin` must do, decided from the stored record alone, with what it decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum Decision<'a> {
     /// No live record: claim it (fresh attempt 1).
     Claim,
     /// An in-progress record whose lease ended: take it over as the next attempt.
-    TakeOver,
+    TakeOver(&'a Record),
     /// A completed record for the same request: answer with its response.
-    Replay,
+    Replay(&'a Response),
     /// A live claim for the same request holds the scope.
     InProgress { retry_after: Duration },
     /// The scope is held or completed for a different request.
@@ -31,12 +31,12 @@ pub(crate) enum Decision {
 
 /// The table in DESIGN.md, as code. `tombstone_ttl` is how long a completed record past its
 /// TTL still answers `Expired` (zero: tombstones are off).
-pub(crate) fn decide(
-    existing: Option<&Record>,
+pub(crate) fn decide<'a>(
+    existing: Option<&'a Record>,
     fingerprint: &Fingerprint,
     now: Timestamp,
     tombstone_ttl: Duration,
-) -> Decision {
+) -> Decision<'a> {
     let Some(record) = existing else {
         return Decision::Claim;
     };
@@ -51,11 +51,15 @@ pub(crate) fn decide(
         return Decision::Expired { completed_at };
     }
     match &record.state {
-        RecordState::Completed { .. } | RecordState::Tombstone { .. } => Decision::Replay,
+        RecordState::Completed { response, .. } => Decision::Replay(response),
+        // A stored tombstone that is no longer a tombstone by the clock is `Gone` (above).
+        RecordState::Tombstone { completed_at, .. } => Decision::Expired {
+            completed_at: *completed_at,
+        },
         RecordState::InProgress { lease_until, .. } if *lease_until > now => Decision::InProgress {
             retry_after: lease_until.saturating_since(now),
         },
-        RecordState::InProgress { .. } => Decision::TakeOver,
+        RecordState::InProgress { .. } => Decision::TakeOver(record),
     }
 }
 
@@ -175,7 +179,7 @@ mod tests {
         ));
         assert_eq!(
             decide(Some(&rec), &fp("a"), t(30_000), Duration::ZERO),
-            Decision::TakeOver
+            Decision::TakeOver(&rec)
         );
     }
 
@@ -202,10 +206,10 @@ mod tests {
     fn completed_replays_until_ttl_then_counts_as_absent() {
         let held = claimed(fp("a"), 1, t(0), LEASE);
         let done = completed(&held, Response::new(201, b"x".to_vec()), t(100), TTL);
-        assert_eq!(
+        assert!(matches!(
             decide(Some(&done), &fp("a"), t(3_600_099), Duration::ZERO),
-            Decision::Replay
-        );
+            Decision::Replay(r) if r.body() == b"x"
+        ));
         assert_eq!(
             decide(Some(&done), &fp("a"), t(3_600_100), Duration::ZERO),
             Decision::Claim
@@ -222,10 +226,10 @@ mod tests {
         let held = claimed(fp("a"), 1, t(0), LEASE);
         let done = completed(&held, Response::new(201, b"x".to_vec()), t(100), TTL);
         let expires = 100 + 3_600_000;
-        assert_eq!(
+        assert!(matches!(
             decide(Some(&done), &fp("a"), t(expires - 1), tomb),
-            Decision::Replay
-        );
+            Decision::Replay(_)
+        ));
         assert_eq!(
             decide(Some(&done), &fp("a"), t(expires), tomb),
             Decision::Expired {

@@ -4,14 +4,12 @@
 //! This module owns the canonical encoding and the hash. It must never depend on anything that
 //! varies between runs (hash-map order, addresses, time).
 
+use crate::limits::FINGERPRINT_LEN;
 use std::fmt;
 
 use serde::Serialize;
 
 use crate::error::FingerprintError;
-
-/// Length of a fingerprint in bytes (256 bits).
-pub const FINGERPRINT_LEN: usize = 32;
 
 /// Domain separation, so a fingerprint of a command never equals one of raw bytes that happen
 /// to match its encoding, and so neither equals a BLAKE3 hash computed elsewhere.

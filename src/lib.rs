@@ -74,8 +74,10 @@
 
 #![forbid(unsafe_code)]
 
+mod any_error;
 #[cfg(feature = "tokio")]
 mod async_api;
+mod begin;
 mod builder;
 mod claim;
 mod clock;
@@ -88,8 +90,11 @@ mod error;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+mod jitter;
 mod keep_alive;
-mod read;
+pub mod limits;
+mod maintenance;
+pub mod protocol;
 mod record;
 mod response;
 mod scope;
@@ -98,35 +103,33 @@ mod storage;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod tx;
 mod wal;
 
+pub use any_error::Error;
 pub use builder::Builder;
-pub use claim::{Begin, Claim};
+pub use claim::{Begin, Claim, CommitError};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 #[cfg(feature = "tokio")]
 pub use completer::{Completer, CompleterTask, Round};
-pub use config::{
-    Durability, LoosePermissions, MAX_BATCH_LIMIT, MAX_CHECKPOINT_LIMIT, MAX_LEASE,
-    MAX_REQUEST_BYTES, MAX_RESPONSE_LIMIT, MAX_SEGMENT_BYTES, MAX_TTL, MIN_SEGMENT_BYTES, SelfHeal,
-    Sweep,
-};
-pub use engine::lifecycle::{Backlog, Evicted, Forget};
+pub use config::{Durability, LoosePermissions, SelfHeal, Sweep};
+pub use engine::{OwnedValue, ReadTx, Tx};
 pub use error::{
-    BeginError, BoxError, ClaimError, CommitError, CompactError, CorruptRecord, Error,
-    FingerprintError, ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError,
-    StaleClaim, StaleReason, StoreError, TxError, WriteError,
+    BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, FingerprintError,
+    ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim,
+    StaleReason, StoreError, TxError, WriteError,
 };
-pub use fingerprint::{FINGERPRINT_LEN, Fingerprint};
+pub use fingerprint::Fingerprint;
 pub use keep_alive::KeepAlive;
-pub use read::ReadTx;
+pub use limits::Limits;
+pub use maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};
+#[cfg(feature = "tokio")]
+pub use protocol::{Protocol, ProtocolClaim};
 pub use record::{Record, RecordState};
-pub use response::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS, Response};
-pub use scope::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN, Scope, ScopePart};
+pub use response::Response;
+pub use scope::{Scope, ScopePart};
 pub use stats::Stats;
 pub use storage::LooseFile;
-pub use store::{Abandoned, Compacted, Counts, Limits, Store};
-pub use tx::{OwnedValue, Tx};
+pub use store::Store;
 pub use wal::RecoveryReport;
 
 /// redb, re-exported so that table definitions use the same version the store was built with.

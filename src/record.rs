@@ -6,7 +6,8 @@
 
 use crate::clock::Timestamp;
 use crate::error::CorruptRecord;
-use crate::fingerprint::{FINGERPRINT_LEN, Fingerprint};
+use crate::fingerprint::Fingerprint;
+use crate::limits::FINGERPRINT_LEN;
 use crate::response::Response;
 
 /// The record format this build writes and reads.

@@ -4,13 +4,7 @@
 //! HTTP adapter decides what they mean.
 
 use crate::error::ResponseError;
-
-/// Most headers a stored response may carry.
-pub const MAX_HEADERS: usize = 64;
-/// Longest header name, in bytes.
-pub const MAX_HEADER_NAME_LEN: usize = 256;
-/// Longest header value, in bytes.
-pub const MAX_HEADER_VALUE_LEN: usize = 8 * 1024;
+use crate::limits::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS};
 
 /// What the first attempt answered: a status, a small list of headers and a body.
 ///

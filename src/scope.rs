@@ -3,16 +3,10 @@
 //! This module owns validation and the byte encoding used as the records table's key. It must
 //! never accept a part that could make two different scopes encode to the same bytes.
 
+use crate::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
 use std::fmt;
 
 use crate::error::ScopeError;
-
-/// Longest accepted idempotency key, in bytes (Stripe's and the IETF draft's ceiling).
-pub const MAX_KEY_LEN: usize = 255;
-/// Longest accepted tenant, in bytes.
-pub const MAX_TENANT_LEN: usize = 128;
-/// Longest accepted operation name, in bytes.
-pub const MAX_OPERATION_LEN: usize = 128;
 
 /// Which part of a [`Scope`] an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,15 +2,19 @@
 
 use std::time::Duration;
 
-use crate::engine::counters::{Counters, GROUP_SIZE_BUCKETS};
+/// Buckets of the group-size histogram: sizes 1, 2-3, 4-7, ..., 512-1023, 1024 and more.
+pub(crate) const GROUP_SIZE_BUCKETS: usize = 11;
 
-/// A store's state and activity, from [`Store::stats`](crate::Store::stats).
+/// A store's state and activity, from [`Store::stats`](crate::Store::stats) (or, exact,
+/// [`Store::exact_stats`](crate::Store::exact_stats)).
 ///
 /// Records by state are read from the indexes (constant time); counters count since the store
 /// was opened in this process.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
+    /// Records of every state (expired ones not yet evicted included).
+    pub records: u64,
     /// In-progress records (claims held, or abandoned by a crashed attempt).
     pub in_progress: u64,
     /// Completed records, including ones past their TTL that eviction has not reached yet.
@@ -74,31 +78,4 @@ pub struct Stats {
     /// The store's files and directories that other users may read (they should be `0700`
     /// and `0600`: stored responses are private).
     pub loose_permissions: Vec<crate::LooseFile>,
-}
-
-impl Stats {
-    /// Fills in the counters kept since open.
-    pub(crate) fn counted(mut self, c: &Counters) -> Self {
-        let get = Counters::get;
-        self.log_bytes = get(&c.log_bytes);
-        self.checkpoints = get(&c.checkpoints);
-        self.restores = get(&c.restores);
-        self.claims = get(&c.claims);
-        self.recoveries = get(&c.recoveries);
-        self.replays = get(&c.replays);
-        self.in_progress_answers = get(&c.in_progress);
-        self.mismatches = get(&c.mismatches);
-        self.expired_answers = get(&c.expired);
-        self.stale_rejections = get(&c.stale);
-        self.evicted = get(&c.evicted);
-        self.tombstones_removed = get(&c.tombstones_removed);
-        self.groups_committed = get(&c.groups_committed);
-        self.epochs = get(&c.epochs);
-        for (out, bucket) in self.group_sizes.iter_mut().zip(&c.group_sizes) {
-            *out = get(bucket);
-        }
-        self.writer_requests = get(&c.requests);
-        self.queued = c.queued.load(std::sync::atomic::Ordering::Relaxed);
-        self
-    }
 }

@@ -205,7 +205,7 @@ fn released_key_is_claimed_again_with_a_new_fence() -> TestResult {
     let first_downstream = first.downstream_key();
     first.release()?;
     assert_eq!(store.get(&scope("k"))?, None);
-    assert_eq!(store.counts()?.lease_entries, 0);
+    assert_eq!(store.exact_stats()?.in_progress, 0);
 
     let second = claim(&store, "k", "req")?;
     assert!(second.fence() > first_fence, "fences never repeat");
@@ -238,7 +238,7 @@ fn extend_moves_the_lease_and_its_index_entry() -> TestResult {
         other => return Err(format!("expected an in-progress record, got {other:?}").into()),
     }
     assert_eq!(
-        store.counts()?.lease_entries,
+        store.exact_stats()?.in_progress,
         1,
         "the old index entry was moved, not copied"
     );
@@ -649,7 +649,7 @@ fn forget_removes_by_fence_or_a_completed_record_by_force_and_nothing_else() -> 
     let store = open(dir.path(), &clock)?;
     assert!(store.get(&scope("held"))?.is_none());
     assert_eq!(
-        store.counts()?.lease_entries,
+        store.exact_stats()?.in_progress,
         1,
         "only the new claim of `done` is in progress"
     );

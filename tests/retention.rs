@@ -53,7 +53,7 @@ fn a_hundred_thousand_expired_records_are_evicted_in_batches_of_a_thousand() -> 
         };
         abandoned.push(claim);
     }
-    assert_eq!(store.counts()?.records, 100_005);
+    assert_eq!(store.exact_stats()?.records, 100_005);
 
     clock.advance(TTL);
     for step in 1..=100u64 {
@@ -65,9 +65,9 @@ fn a_hundred_thousand_expired_records_are_evicted_in_batches_of_a_thousand() -> 
             Backlog::Empty
         };
         assert_eq!(evicted.backlog, expected, "step {step}");
-        let counts = store.counts()?;
+        let counts = store.exact_stats()?;
         assert_eq!(counts.records, 100_005 - step * 1_000, "step {step}");
-        assert_eq!(counts.expiry_entries, 100_000 - step * 1_000, "step {step}");
+        assert_eq!(counts.completed, 100_000 - step * 1_000, "step {step}");
     }
     let last = store.evict_expired(1_000)?;
     assert_eq!((last.removed, last.backlog), (0, Backlog::Empty));
@@ -77,7 +77,7 @@ fn a_hundred_thousand_expired_records_are_evicted_in_batches_of_a_thousand() -> 
             .ok_or("in-progress work was evicted")?;
         assert!(matches!(record.state(), RecordState::InProgress { .. }));
     }
-    assert_eq!(store.counts()?.lease_entries, 5);
+    assert_eq!(store.exact_stats()?.in_progress, 5);
     Ok(())
 }
 
@@ -106,13 +106,9 @@ fn a_retry_after_the_ttl_is_told_expired_while_the_tombstone_lasts() -> TestResu
     ));
     let evicted = store.evict_expired(100)?;
     assert_eq!((evicted.removed, evicted.tombstones_removed), (1, 0));
-    let counts = store.counts()?;
+    let counts = store.exact_stats()?;
     assert_eq!(
-        (
-            counts.records,
-            counts.expiry_entries,
-            counts.tombstone_entries
-        ),
+        (counts.records, counts.completed, counts.tombstones),
         (1, 0, 1)
     );
     // ...and after: the same answer, the response gone.
@@ -139,7 +135,7 @@ fn a_retry_after_the_ttl_is_told_expired_while_the_tombstone_lasts() -> TestResu
     assert_eq!(store.get(&scope("k"))?, None);
     let evicted = store.evict_expired(100)?;
     assert_eq!((evicted.removed, evicted.tombstones_removed), (0, 1));
-    assert_eq!(store.counts()?.records, 0);
+    assert_eq!(store.exact_stats()?.records, 0);
     assert!(matches!(store.begin(&scope("k"), fp("req"))?, Begin::Claimed(c) if c.attempt() == 1));
     Ok(())
 }
@@ -178,18 +174,18 @@ fn the_sweeper_evicts_on_its_own_and_stops_when_the_store_is_dropped() -> TestRe
     clock.advance(TTL);
     // The sweeper runs on its own schedule: poll for its effect, bounded.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while store.counts()?.records > 0 {
+    while store.exact_stats()?.records > 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "the sweeper never evicted: {:?}",
-            store.counts()?
+            store.exact_stats()?
         );
         std::thread::sleep(Duration::from_millis(5));
     }
     // Dropping the store stops the sweeper and the writer: the directory reopens at once.
     drop(store);
     let store = open()?;
-    assert_eq!(store.counts()?.records, 0);
+    assert_eq!(store.exact_stats()?.records, 0);
     Ok(())
 }
 

@@ -1,7 +1,6 @@
 //! Waiting longer after each failure, with jitter: for retrying a checkpoint and for healing a
 //! poisoned store, so that a disk that stays broken is not hammered.
 
-use std::hash::{BuildHasher, Hasher, RandomState};
 use std::time::{Duration, Instant};
 
 /// When to try something again after it failed.
@@ -35,7 +34,7 @@ impl Backoff {
             .map_or(self.first, |w| w.saturating_mul(2))
             .min(self.max);
         self.current = Some(wait);
-        let jitter = wait.mul_f64(random_fraction() / 4.0);
+        let jitter = wait.mul_f64(crate::jitter::random_fraction() / 4.0);
         self.next = Instant::now().checked_add(wait.saturating_add(jitter));
     }
 
@@ -61,18 +60,6 @@ impl Backoff {
     }
 }
 
-/// A number in `[0, 1)`, different on every call (from the standard library's per-process
-/// random hash keys): enough to spread retries, not for anything secret.
-pub(crate) fn random_fraction() -> f64 {
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos().into()),
-    );
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,12 +81,5 @@ mod tests {
         b.reset();
         assert!(b.due());
         assert_eq!(Backoff::new(Duration::MAX, Duration::MAX).wait(), None);
-    }
-
-    #[test]
-    fn random_fractions_are_in_range_and_vary() {
-        let samples: Vec<f64> = (0..64).map(|_| random_fraction()).collect();
-        assert!(samples.iter().all(|f| (0.0..1.0).contains(f)));
-        assert!(samples.windows(2).any(|w| w[0] != w[1]));
     }
 }

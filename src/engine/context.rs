@@ -1,9 +1,9 @@
 //! What a request sees of the writer besides the transaction: the time, the settings, and the
 //! fence counter.
 
+use super::tx::Tx;
 use crate::clock::Timestamp;
 use crate::config::Config;
-use crate::tx::Tx;
 
 use std::sync::Arc;
 

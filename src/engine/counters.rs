@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// Buckets of the group-size histogram: sizes 1, 2-3, 4-7, ..., 512-1023, 1024 and more.
-pub(crate) const GROUP_SIZE_BUCKETS: usize = 11;
+use crate::begin::Begin;
+use crate::stats::{GROUP_SIZE_BUCKETS, Stats};
 
 #[derive(Debug)]
 pub(crate) struct Counters {
@@ -73,8 +73,7 @@ impl Default for Counters {
 
 impl Counters {
     /// Counts a `begin` answer.
-    pub(crate) fn answered(&self, answer: &crate::Begin) {
-        use crate::Begin;
+    pub(crate) fn answered<C>(&self, answer: &Begin<C>) {
         Self::add(
             match answer {
                 Begin::Claimed(_) => &self.claims,
@@ -86,6 +85,30 @@ impl Counters {
             },
             1,
         );
+    }
+
+    /// Fills in a [`Stats`]'s counters kept since open.
+    pub(crate) fn fill(&self, stats: &mut Stats) {
+        let get = Counters::get;
+        stats.log_bytes = get(&self.log_bytes);
+        stats.checkpoints = get(&self.checkpoints);
+        stats.restores = get(&self.restores);
+        stats.claims = get(&self.claims);
+        stats.recoveries = get(&self.recoveries);
+        stats.replays = get(&self.replays);
+        stats.in_progress_answers = get(&self.in_progress);
+        stats.mismatches = get(&self.mismatches);
+        stats.expired_answers = get(&self.expired);
+        stats.stale_rejections = get(&self.stale);
+        stats.evicted = get(&self.evicted);
+        stats.tombstones_removed = get(&self.tombstones_removed);
+        stats.groups_committed = get(&self.groups_committed);
+        stats.epochs = get(&self.epochs);
+        for (out, bucket) in stats.group_sizes.iter_mut().zip(&self.group_sizes) {
+            *out = get(bucket);
+        }
+        stats.writer_requests = get(&self.requests);
+        stats.queued = self.queued.load(Ordering::Relaxed);
     }
 
     pub(crate) fn get(counter: &AtomicU64) -> u64 {

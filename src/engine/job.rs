@@ -6,8 +6,8 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+use super::tx::Tx;
 use crate::error::StoreError;
-use crate::tx::Tx;
 use crate::wal::RecoveryReport;
 
 use super::context::Context;

@@ -8,19 +8,21 @@ use std::ops::Bound;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
+use crate::begin::Begin;
 use crate::clock::Timestamp;
 use crate::decision::{self, Decision};
 use crate::error::{BoxError, ResponseError, StaleReason, StoreError};
 use crate::fingerprint::Fingerprint;
+use crate::maintenance::{Backlog, Evicted, Forget};
 use crate::record::{Record, RecordState};
 use crate::response::Response;
 use crate::scope::Scope;
-use crate::tx::Tx;
 
 use super::context::Context;
 use super::job::{Keep, panic_message};
 use super::registry::TableId;
-use super::tables::{index_bound_after, index_key, split_index_key};
+use super::tables::{decode_stored, index_bound_after, index_key, split_index_key};
+use super::tx::Tx;
 use super::watchers::HoldToken;
 
 /// What the writer holds for a claim it granted.
@@ -58,17 +60,6 @@ impl Held {
     }
 }
 
-/// The writer's answer to `begin`.
-#[derive(Debug)]
-pub(crate) enum BeginAnswer {
-    Claimed(Held),
-    Recovered(Held),
-    Replay(Response),
-    InProgress { retry_after: Duration },
-    Mismatch,
-    Expired { completed_at: Timestamp },
-}
-
 /// Why a fence-checked operation was refused.
 #[derive(Debug)]
 pub(crate) enum Refusal {
@@ -97,28 +88,6 @@ pub(crate) enum CommitRefusal {
     Refused(Refusal),
 }
 
-/// What one eviction pass did, and whether more is waiting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Evicted {
-    /// Completed records whose TTL passed and whose response was removed (deleted, or kept as
-    /// a tombstone when `Builder::tombstone_ttl` is set).
-    pub removed: usize,
-    /// Tombstones whose time ran out, deleted.
-    pub tombstones_removed: usize,
-    /// Whether more is due past this pass's limit.
-    pub backlog: Backlog,
-}
-
-/// Whether work remains after a bounded pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backlog {
-    /// Nothing more is due now.
-    Empty,
-    /// More is due: call again.
-    More,
-}
-
 /// A user closure run inside a commit or write.
 pub(crate) type UserWork<T> = Box<dyn FnOnce(&mut Tx<'_>) -> Result<T, BoxError> + Send>;
 
@@ -127,15 +96,9 @@ pub(crate) fn read_record(
     ctx: &Context<'_>,
     scope: &Scope,
 ) -> Result<Option<Record>, StoreError> {
-    let Some(bytes) = tx.get_raw(ctx.tables.records, scope.encode())? else {
-        return Ok(None);
-    };
-    Record::decode(&bytes)
-        .map(Some)
-        .map_err(|source| StoreError::CorruptRecord {
-            scope: scope.to_string(),
-            source,
-        })
+    tx.get_raw(ctx.tables.records, scope.encode())?
+        .map(|bytes| decode_stored(scope.encode(), &bytes))
+        .transpose()
 }
 
 /// Writes (or deletes) a scope's record and moves its index entry to match.
@@ -179,52 +142,38 @@ pub(crate) fn begin(
     ctx: &mut Context<'_>,
     scope: &Scope,
     fingerprint: Fingerprint,
-) -> (Keep, Result<BeginAnswer, StoreError>) {
+) -> (Keep, Result<Begin<Held>, StoreError>) {
     let existing = match read_record(tx, ctx, scope) {
         Ok(existing) => existing,
         Err(e) => return (Keep::Nothing, Err(e)),
     };
-    let answer = match decision::decide(
+    let decided = decision::decide(
         existing.as_ref(),
         &fingerprint,
         ctx.now,
         ctx.config.tombstone_ttl,
-    ) {
+    );
+    let (record, answer): (Record, fn(Held) -> Begin<Held>) = match decided {
         Decision::Claim => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
-            write_record(tx, ctx, scope, existing.as_ref(), Some(&record));
-            let hold = HoldToken::new(ctx.watchers, scope.encode());
-            return (
-                Keep::Writes,
-                Ok(BeginAnswer::Claimed(Held::of(&record, hold))),
-            );
+            (record, Begin::Claimed)
         }
-        Decision::TakeOver => {
-            let Some(previous) = existing.as_ref() else {
-                unreachable!("decide() takes over only an existing record")
-            };
+        Decision::TakeOver(previous) => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::taken_over(previous, fence, ctx.now, ctx.config.lease);
-            write_record(tx, ctx, scope, Some(previous), Some(&record));
-            let hold = HoldToken::new(ctx.watchers, scope.encode());
-            return (
-                Keep::Writes,
-                Ok(BeginAnswer::Recovered(Held::of(&record, hold))),
-            );
+            (record, Begin::Recovered)
         }
-        Decision::Replay => match existing.and_then(|r| match r.state {
-            RecordState::Completed { response, .. } => Some(response),
-            RecordState::InProgress { .. } | RecordState::Tombstone { .. } => None,
-        }) {
-            Some(response) => BeginAnswer::Replay(response),
-            None => unreachable!("decide() replays only a completed record"),
-        },
-        Decision::InProgress { retry_after } => BeginAnswer::InProgress { retry_after },
-        Decision::Mismatch => BeginAnswer::Mismatch,
-        Decision::Expired { completed_at } => BeginAnswer::Expired { completed_at },
+        other => {
+            let answer = Begin::without_writing(other).ok_or_else(|| StoreError::Internal {
+                message: "begin decided to write without a claim".into(),
+            });
+            return (Keep::Nothing, answer);
+        }
     };
-    (Keep::Nothing, Ok(answer))
+    write_record(tx, ctx, scope, existing.as_ref(), Some(&record));
+    let hold = HoldToken::new(ctx.watchers, scope.encode());
+    (Keep::Writes, Ok(answer(Held::of(&record, hold))))
 }
 
 /// Reads the record and checks the fence, for every operation on a held claim.
@@ -431,11 +380,7 @@ fn evict_from(
             continue;
         };
         // A record that cannot be read is reported, never silently skipped (nor evicted).
-        let record = Record::decode(&bytes).map_err(|source| StoreError::CorruptRecord {
-            scope: Scope::decode(scope_bytes)
-                .map_or_else(|_| format!("{scope_bytes:?}"), |s| s.to_string()),
-            source,
-        })?;
+        let record = decode_stored(scope_bytes, &bytes)?;
         // Only the record this entry indexes, in the state it indexes; anything else means the
         // entry was stale and only the entry goes. In-progress records are never touched.
         match record.state {
@@ -474,19 +419,6 @@ fn evict_from(
         }
     }
     Ok((removed, backlog))
-}
-
-/// How `forget` may remove a record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Forget {
-    /// An in-progress record, if it still has this fence: an operator who found out (by its
-    /// downstream key) that the abandoned attempt had no side effect gives the key back, and
-    /// a take-over in the meantime is not undone.
-    Fence(u64),
-    /// A completed record (or its tombstone), by force: the key can be used again for a new
-    /// request. An in-progress record is refused: its outcome is unknown.
-    Completed,
 }
 
 /// Why `forget` removed nothing.

@@ -1,54 +1,82 @@
-//! The storage engine: the redb file, the table registry, and the writer thread.
+//! The storage engine: the redb file, the table registry, and the writer thread, behind one
+//! narrow interface.
 //!
-//! The engine owns every write. Callers hand it jobs; reads that need no write use redb read
-//! transactions directly and never wait for the writer. It must never answer a job before the
-//! job's group is durable.
+//! The facades (`Store`, `Claim`, the async API) call the operations here and get domain
+//! answers back (`Begin<Held>`, a response, a refusal); they never see a job, a context or a
+//! table. Every write is a [`Request`] built by a constructor in `requests` and run by
+//! [`Engine::run`] (or [`Engine::run_async`]) in the writer's next group; reads use redb read
+//! transactions directly and never wait for the writer. The engine must never answer a request
+//! before the request's group is durable.
+//!
+//! - `begin`: `begin` and `begin_or_wait`: the read path, then the writer;
+//! - `queue`: handing requests to the writer and waiting for the answer;
+//! - `scan`: reads through the indexes (stats, abandoned work, a scope's record);
+//! - `upkeep`: eviction, checkpoints, compaction, recovery in place;
+//! - `lifecycle`, `requests`: what each request does on the writer;
+//! - `writer`, `catch_up`, `replay`, `overlay`, `database`, `poison`: durability;
+//! - `registry`, `tables`, `tx`, `read_tx`, `write_set`, `open_tables`: tables and access;
+//! - `counters`, `watchers`, `sweeper`, `backoff`, `context`, `job`, `meta`: their names.
 
 mod backoff;
-#[cfg(feature = "http")]
-pub(crate) use backoff::random_fraction;
+mod begin;
 mod catch_up;
-pub(crate) mod context;
-pub(crate) mod counters;
+mod context;
+mod counters;
 mod database;
-pub(crate) mod job;
-pub(crate) mod lifecycle;
+mod job;
+mod lifecycle;
 mod meta;
-pub(crate) mod open_tables;
+mod open_tables;
 mod overlay;
-pub(crate) mod poison;
-pub(crate) mod registry;
+mod poison;
+mod queue;
+mod read_tx;
+mod registry;
 mod replay;
-pub(crate) mod sweeper;
-pub(crate) mod tables;
-pub(crate) mod watchers;
-pub(crate) mod write_set;
+mod requests;
+mod scan;
+mod sweeper;
+mod tables;
+mod tx;
+mod upkeep;
+mod watchers;
+mod write_set;
 mod writer;
 
-use std::sync::Arc;
+pub(crate) use self::lifecycle::{
+    CommitRefusal, Extension, ForgetRefusal, Held, Refusal, UserFailure,
+};
+pub use self::read_tx::ReadTx;
+pub(crate) use self::requests::Request;
+pub(crate) use self::tables::Tables;
+pub use self::tx::{OwnedValue, Tx};
 
-use parking_lot::Mutex;
-use std::sync::atomic::Ordering;
+/// The write requests the facades build, one constructor per operation.
+pub(crate) mod request {
+    pub(crate) use super::requests::{
+        checkpoint, checkpoint_log, commit, extend, forget, release, write,
+    };
+}
+
+use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::{JoinHandle, ThreadId};
 
-use redb::{Database, ReadableDatabase, TableDefinition};
+use parking_lot::Mutex;
 
 use crate::config::Config;
-use crate::error::{OpenError, StoreError};
-use crate::record::Record;
-use crate::scope::Scope;
+use crate::error::OpenError;
+use crate::limits::Limits;
 use crate::storage::Storage;
 use crate::wal::RecoveryReport;
 
-use self::context::Needs;
 use self::counters::Counters;
 use self::database::DbSlot;
-use self::job::{ExclusiveTask, Job, Keep, ReopenTask, Task, Work};
-use self::overlay::{Overlaid, Overlay};
+use self::job::Job;
+use self::overlay::Overlay;
 use self::poison::Poison;
 use self::registry::Registry;
-use self::tables::{InternalTables, RECORDS};
+use self::tables::InternalTables;
 use self::writer::Writer;
 
 /// Queued requests per request the writer takes into a group: room for the next group to
@@ -79,7 +107,7 @@ pub(crate) struct Engine {
     shared: Shared,
     storage: Storage,
     /// The background sweeper, once started (it needs the engine's `Arc`).
-    sweeper: parking_lot::Mutex<Option<sweeper::Sweeper>>,
+    sweeper: Mutex<Option<sweeper::Sweeper>>,
     /// `None` only while dropping: closing it is what stops the writer.
     queue: Option<SyncSender<Box<dyn Job>>>,
     writer: Option<JoinHandle<()>>,
@@ -87,34 +115,39 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// Opens the store's file, catches up with its log, and starts the writer (and the
+    /// sweeper, if the settings ask for one).
     pub(crate) fn open(
         storage: Storage,
         config: Config,
-        registry: Registry,
-        tables: InternalTables,
-    ) -> Result<Engine, OpenError> {
+        tables: Tables,
+    ) -> Result<Arc<Engine>, OpenError> {
+        let engine = Arc::new(Self::start(storage, config, tables)?);
+        engine.start_sweeper()?;
+        Ok(engine)
+    }
+
+    fn start(storage: Storage, config: Config, tables: Tables) -> Result<Engine, OpenError> {
+        let Tables { registry, internal } = tables;
         check_permissions(&storage, &config)?;
         let db = storage.database()?;
         meta::set_up(&db, &registry, &storage.db_path())?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.
         let caught_up = catch_up::catch_up(&db, &registry, &storage, &config)?;
+        log_opened(&caught_up.report);
 
-        let registry = Arc::new(registry);
         let config = Arc::new(config);
-        let poison = Arc::new(Poison::default());
-        let counters = Arc::new(Counters::default());
-        let overlay = Arc::new(Overlay::default());
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let shared = Shared {
             db: Arc::new(DbSlot::new(db)),
-            registry,
-            tables,
+            registry: Arc::new(registry),
+            tables: internal,
             config,
-            poison,
-            counters,
-            overlay,
-            watchers: Arc::new(watchers::Watchers::default()),
+            poison: Arc::default(),
+            counters: Arc::default(),
+            overlay: Arc::default(),
+            watchers: Arc::default(),
             recovery: Arc::new(Mutex::new(caught_up.report)),
         };
         let writer = Writer::new(
@@ -132,7 +165,7 @@ impl Engine {
         Ok(Engine {
             shared,
             storage,
-            sweeper: parking_lot::Mutex::new(None),
+            sweeper: Mutex::new(None),
             queue: Some(queue),
             writer_id: handle.thread().id(),
             writer: Some(handle),
@@ -140,7 +173,7 @@ impl Engine {
     }
 
     /// Starts the sweeper, if the settings ask for one.
-    pub(crate) fn start_sweeper(self: &Arc<Self>) -> Result<(), OpenError> {
+    fn start_sweeper(self: &Arc<Self>) -> Result<(), OpenError> {
         if let crate::config::Sweep::Every { interval, batch } = self.shared.config.sweep {
             let sweeper = sweeper::Sweeper::start(Arc::downgrade(self), interval, batch)
                 .map_err(OpenError::Thread)?;
@@ -164,234 +197,57 @@ impl Engine {
         }
     }
 
-    /// The store's files and directories that other users may read.
-    pub(crate) fn loose_permissions(&self) -> std::io::Result<Vec<crate::storage::LooseFile>> {
-        self.storage.loose_permissions()
+    /// The lease, TTL and size limits the store was opened with.
+    pub(crate) fn limits(&self) -> Limits {
+        let config = &self.shared.config;
+        Limits {
+            lease: config.lease,
+            ttl: config.ttl,
+            max_response_bytes: config.max_response_bytes,
+            max_checkpoint_bytes: config.max_checkpoint_bytes,
+        }
     }
 
-    pub(crate) fn watchers(&self) -> &watchers::Watchers {
-        &self.shared.watchers
-    }
-
-    pub(crate) fn config(&self) -> &Config {
-        &self.shared.config
-    }
-
-    pub(crate) fn registry(&self) -> &Registry {
-        &self.shared.registry
-    }
-
-    pub(crate) fn tables(&self) -> InternalTables {
-        self.shared.tables
-    }
-
-    /// What the last recovery (at open, or in place) found in the log.
-    pub(crate) fn recovery(&self) -> RecoveryReport {
-        self.shared.recovery.lock().clone()
-    }
-
-    /// Recovers in place, as a reopen of the directory would (see `writer::restore`): after
-    /// any failure, even while poisoned.
-    pub(crate) fn reopen(&self) -> Result<RecoveryReport, StoreError> {
-        let (answer, receiver) = sync_channel(1);
-        self.send(ReopenTask::boxed(move |result| {
-            let _ = answer.send(result);
-        }))?;
-        receiver.recv().map_err(|_| self.stopped())?
-    }
-
-    /// Whether writes are refused now, and why: the poison, if any.
-    pub(crate) fn writable(&self) -> Result<(), StoreError> {
-        self.shared.poison.check()
-    }
-
-    /// Runs `work` on the writer with the database to itself, after everything acknowledged
-    /// so far is published and checkpointed.
-    pub(crate) fn exclusive<R: Send + 'static>(
+    /// Counts a refusal of a stale claim and says so in the log; the error to return.
+    pub(crate) fn stale(
         &self,
-        work: impl FnOnce(&mut Database) -> R + Send + 'static,
-    ) -> Result<R, StoreError> {
-        let (answer, receiver) = sync_channel(1);
-        self.submit(ExclusiveTask::boxed(work, move |result| {
-            let _ = answer.send(result);
-        }))?;
-        receiver.recv().map_err(|_| self.stopped())?
-    }
-
-    /// Evicts up to `limit` expired records (the store's `evict_expired` and the sweeper), and
-    /// counts what it removed.
-    pub(crate) fn evict(&self, limit: usize) -> Result<lifecycle::Evicted, StoreError> {
-        let evicted = self.call(move |tx, ctx| lifecycle::evict_expired(tx, ctx, limit))??;
-        Counters::add(&self.shared.counters.evicted, evicted.removed as u64);
-        Counters::add(
-            &self.shared.counters.tombstones_removed,
-            evicted.tombstones_removed as u64,
+        scope: &crate::scope::Scope,
+        fence: u64,
+        reason: crate::error::StaleReason,
+    ) -> crate::error::StaleClaim {
+        Counters::add(&self.shared.counters.stale, 1);
+        tracing::warn!(
+            tenant = scope.tenant(),
+            operation = scope.operation(),
+            key = scope.key(),
+            fence,
+            %reason,
+            "refused a stale claim"
         );
-        Ok(evicted)
-    }
-
-    /// The size of the database file, in bytes.
-    pub(crate) fn db_len(&self) -> Result<u64, StoreError> {
-        self.storage
-            .db_len()
-            .map_err(|e| StoreError::Redb(Arc::new(redb::StorageError::Io(e).into())))
-    }
-
-    /// Runs `work` on the writer inside the next group and returns its answer once the group is
-    /// durable.
-    pub(crate) fn call<R: Send + 'static>(&self, work: impl Work<R>) -> Result<R, StoreError> {
-        let (answer, receiver) = sync_channel(1);
-        self.submit(Task::boxed(work, move |result| {
-            // The caller may have given up waiting; nobody is left to tell.
-            let _ = answer.send(result);
-        }))?;
-        receiver.recv().map_err(|_| self.stopped())?
-    }
-
-    /// `call` for async callers: the writer answers through a oneshot, and a full queue is
-    /// waited on from the blocking pool, so a runtime worker never blocks.
-    #[cfg(feature = "tokio")]
-    pub(crate) async fn call_async<R: Send + 'static>(
-        &self,
-        work: impl Work<R>,
-    ) -> Result<R, StoreError> {
-        let (answer, receiver) = tokio::sync::oneshot::channel();
-        let job = Task::boxed(work, move |result| {
-            let _ = answer.send(result);
-        });
-        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?.clone();
-        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
-        let sent = match queue.try_send(job) {
-            Ok(()) => Ok(()),
-            Err(std::sync::mpsc::TrySendError::Full(job)) => {
-                tokio::task::spawn_blocking(move || queue.send(job).map_err(|_| ()))
-                    .await
-                    .unwrap_or(Err(()))
-            }
-            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => Err(()),
-        };
-        if sent.is_err() {
-            self.shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(self.stopped());
+        crate::error::StaleClaim {
+            scope: scope.clone(),
+            fence,
+            reason,
         }
-        receiver.await.map_err(|_| self.stopped())?
     }
+}
 
-    /// Queues a job for the writer. A poisoned store's writer refuses it when it comes to it,
-    /// not here: a request sent right after a failure is then answered by a store that has
-    /// already recovered in place, rather than refused in a race with the recovery.
-    fn submit(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
-        self.send(job)
-    }
-
-    /// Queues a job for the writer.
-    fn send(&self, job: Box<dyn Job>) -> Result<(), StoreError> {
-        if std::thread::current().id() == self.writer_id {
-            return Err(StoreError::Reentrant);
-        }
-        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
-        self.shared.counters.queued.fetch_add(1, Ordering::Relaxed);
-        queue.send(job).map_err(|_| {
-            self.shared.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            self.stopped()
-        })
-    }
-
-    pub(crate) fn counters(&self) -> &Counters {
-        &self.shared.counters
-    }
-
-    /// The error for a writer that is gone: poisoned if it died, closed otherwise.
-    fn stopped(&self) -> StoreError {
-        self.shared
-            .poison
-            .check()
-            .err()
-            .unwrap_or(StoreError::Closed)
-    }
-
-    /// A redb snapshot that includes every acknowledged write: if durable groups are not yet
-    /// published to redb, the writer publishes them first.
-    pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, StoreError> {
-        if self.shared.overlay.is_unpublished() {
-            self.call(|_, ctx| {
-                ctx.need(Needs::Published);
-                (Keep::Nothing, ())
-            })?;
-        }
-        Ok(self.shared.db.read(&self.shared.poison)?.begin_read()?)
-    }
-
-    /// Runs `read` on a redb snapshot of what is published, without asking the writer for
-    /// anything: at most one epoch behind the acknowledged state. For monitoring. The file
-    /// stays locked for reading meanwhile, so a compaction waits for it to finish rather than
-    /// fail on its snapshot.
-    pub(crate) fn with_published<T>(
-        &self,
-        read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let db = self.shared.db.read(&self.shared.poison)?;
-        let txn = db.begin_read()?;
-        read(&txn)
-    }
-
-    /// Runs `read` on a snapshot that includes every acknowledged write (see
-    /// [`Engine::snapshot`]), holding the file as [`Engine::with_published`] does.
-    pub(crate) fn with_snapshot<T>(
-        &self,
-        read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        if self.shared.overlay.is_unpublished() {
-            self.call(|_, ctx| {
-                ctx.need(Needs::Published);
-                (Keep::Nothing, ())
-            })?;
-        }
-        self.with_published(read)
-    }
-
-    /// The stored record of a scope (expired records included): from the overlay if a durable
-    /// group not yet published wrote it, else from a redb read transaction. Answered while the
-    /// store is poisoned too: reads never depend on the writer.
-    pub(crate) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
-        // The overlay first, then redb: the writer publishes (commits) before it clears the
-        // overlay, so a record missing here is in any snapshot begun after this lookup.
-        if let Some(found) = self.overlaid(scope) {
-            return found;
-        }
-        record_in(&*self.shared.db.read(&self.shared.poison)?, scope)
-    }
-
-    /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
-    /// exclusively (by a compaction or a reopen). For async callers, whose runtime worker must
-    /// not wait that long; a read of cached pages takes microseconds.
-    #[cfg(feature = "tokio")]
-    pub(crate) fn try_read_record(
-        &self,
-        scope: &Scope,
-    ) -> Option<Result<Option<Record>, StoreError>> {
-        if let Some(found) = self.overlaid(scope) {
-            return Some(found);
-        }
-        Some(match self.shared.db.try_read(&self.shared.poison)? {
-            Ok(db) => record_in(&db, scope),
-            Err(e) => Err(e),
-        })
-    }
-
-    /// Holds the file as a compaction does, for tests of what waits on it.
-    #[cfg(all(test, feature = "tokio"))]
-    pub(crate) fn hold_exclusively(&self) -> parking_lot::RwLockWriteGuard<'_, Option<Database>> {
-        self.shared.db.write()
-    }
-
-    /// The scope's record as a durable group not yet published left it, if one did.
-    fn overlaid(&self, scope: &Scope) -> Option<Result<Option<Record>, StoreError>> {
-        match self.shared.overlay.lookup(scope.encode()) {
-            Overlaid::Put(bytes) => Some(decode_record(scope, &bytes)),
-            Overlaid::Deleted => Some(Ok(None)),
-            Overlaid::Absent => None,
-        }
+/// Says what opening found in the log.
+fn log_opened(report: &RecoveryReport) {
+    tracing::info!(
+        frames_replayed = report.frames_replayed,
+        bytes_replayed = report.bytes_replayed,
+        bytes_dropped = report.bytes_dropped,
+        recovery_ms = report.duration.as_millis() as u64,
+        "idemstore opened"
+    );
+    if let Some((segment, offset)) = &report.torn_tail {
+        tracing::warn!(
+            segment,
+            offset,
+            bytes = report.bytes_dropped,
+            "dropped a torn frame at the end of the log (it was never acknowledged)"
+        );
     }
 }
 
@@ -419,25 +275,6 @@ fn check_permissions(storage: &Storage, config: &Config) -> Result<(), OpenError
     Ok(())
 }
 
-/// The scope's record in redb's published state.
-fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
-    let txn = db.begin_read()?;
-    let table = txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
-    match table.get(scope.encode())? {
-        Some(bytes) => decode_record(scope, bytes.value()),
-        None => Ok(None),
-    }
-}
-
-fn decode_record(scope: &Scope, bytes: &[u8]) -> Result<Option<Record>, StoreError> {
-    Record::decode(bytes)
-        .map(Some)
-        .map_err(|source| StoreError::CorruptRecord {
-            scope: scope.to_string(),
-            source,
-        })
-}
-
 impl Drop for Engine {
     fn drop(&mut self) {
         // The sweeper first: it must not start a pass on a closing store.
@@ -459,7 +296,7 @@ impl Drop for Engine {
 mod tests {
     use crate::clock::{ManualClock, Timestamp};
     use crate::config::{SelfHeal, Sweep};
-    use crate::error::{BeginError, StoreError};
+    use crate::error::StoreError;
     use crate::{Begin, Fingerprint, Response, Scope, Store};
 
     /// While poisoned (here with self-heal off, so it stays so), a store answers everything
@@ -482,7 +319,7 @@ mod tests {
         claim.commit(|_| Ok(Response::new(201, "stored")))?;
 
         let cause = StoreError::unknown("syncing the log", &"an injected failure");
-        store.engine().shared.poison.set(&cause);
+        store.engine().poison_for_test(&cause);
         assert!(
             matches!(store.begin(&scope, fingerprint)?, Begin::Replay(r) if r.body() == b"stored")
         );
@@ -500,10 +337,7 @@ mod tests {
             .begin(&Scope::new("t", "op", "new")?, fingerprint)
             .err()
             .ok_or("a poisoned store took a new claim")?;
-        assert!(
-            matches!(refused, BeginError::Store(StoreError::Poisoned { .. })),
-            "{refused}"
-        );
+        assert!(matches!(refused, StoreError::Poisoned { .. }), "{refused}");
         assert!(store.writable().is_err());
 
         let report = store.reopen()?;
@@ -514,6 +348,48 @@ mod tests {
             Begin::Claimed(_)
         ));
         assert_eq!(store.stats()?.restores, 1);
+        Ok(())
+    }
+
+    /// While a compaction holds the file, `begin_async` does not read inline (which would block
+    /// a runtime worker for the whole compaction): it reads from the blocking pool and answers
+    /// once the file is free.
+    #[cfg(feature = "tokio")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn begin_reads_off_the_runtime_while_the_file_is_held()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let store = Store::builder()
+            .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
+            .sweep(Sweep::Off)
+            .open(dir.path().join("idem"))?;
+        let scope = Scope::new("t", "op", "k")?;
+        let fingerprint = Fingerprint::of_bytes(b"request");
+        let Begin::Claimed(claim) = store.begin_async(&scope, fingerprint).await? else {
+            return Err("a new key is claimed".into());
+        };
+        claim
+            .commit_async(|_| Ok(Response::new(201, "done")))
+            .await?;
+        store.checkpoint_async().await?; // published to redb: the read must go to the file
+
+        let engine = store.engine();
+        let held = engine.hold_exclusively();
+        assert!(
+            engine.try_read_path(&scope, fingerprint).is_none(),
+            "no inline read while held"
+        );
+        let begin = tokio::spawn({
+            let (store, scope) = (store.clone(), scope.clone());
+            async move { store.begin_async(&scope, fingerprint).await }
+        });
+        drop(held);
+        let answer = begin.await??;
+        assert!(matches!(answer, Begin::Replay(r) if r.body() == b"done"));
+        assert!(matches!(
+            engine.try_read_path(&scope, fingerprint),
+            Some(Ok(Some(Begin::Replay(_))))
+        ));
         Ok(())
     }
 }

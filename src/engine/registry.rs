@@ -13,6 +13,8 @@ use std::ops::Bound;
 
 use redb::{Key, ReadableTable, ReadableTableMetadata, TableDefinition, Value, WriteTransaction};
 
+use crate::error::{BadTableReason, TxError};
+
 use super::open_tables::OpenTables;
 use super::write_set::WriteOp;
 
@@ -158,38 +160,55 @@ pub(crate) struct Registry {
     by_name: HashMap<String, TableId>,
 }
 
-/// Why a table could not be registered.
-#[derive(Debug)]
-pub(crate) enum RegisterError {
-    Reserved,
-    Duplicate { registered: String },
-    TooMany,
-}
-
 impl Registry {
     /// Registers a table; registering the same definition twice is harmless.
     pub(crate) fn register<K: Key + 'static, V: Value + 'static>(
         &mut self,
         name: &str,
         internal: Internal,
-    ) -> Result<TableId, RegisterError> {
+    ) -> Result<TableId, BadTableReason> {
         if matches!(internal, Internal::No) && name.starts_with(RESERVED_PREFIX) {
-            return Err(RegisterError::Reserved);
+            return Err(BadTableReason::Reserved);
         }
         if let Some(&id) = self.by_name.get(name) {
             let registered = self.tables[usize::from(id)].type_names();
             return if registered == type_names::<K, V>() {
                 Ok(id)
             } else {
-                Err(RegisterError::Duplicate { registered })
+                Err(BadTableReason::Duplicate { registered })
             };
         }
-        let id = TableId::try_from(self.tables.len()).map_err(|_| RegisterError::TooMany)?;
+        let id = TableId::try_from(self.tables.len()).map_err(|_| BadTableReason::TooMany)?;
         self.tables.push(Box::new(Typed::<K, V> {
             name: name.to_owned(),
             _types: PhantomData,
         }));
         self.by_name.insert(name.to_owned(), id);
+        Ok(id)
+    }
+
+    /// The id of the business table `name`, checked against the types `K` and `V`: the one
+    /// check that both the writer's `Tx` and a reader's `ReadTx` make.
+    pub(crate) fn business<K: Key + 'static, V: Value + 'static>(
+        &self,
+        name: &str,
+    ) -> Result<TableId, TxError> {
+        let unknown = || TxError::UnknownTable {
+            name: name.to_owned(),
+        };
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(unknown());
+        }
+        let id = self.id(name).ok_or_else(unknown)?;
+        let table = self.table(id);
+        // Comparing type ids is cheap; the names are built only for the error.
+        if table.type_ids() != (TypeId::of::<K>(), TypeId::of::<V>()) {
+            return Err(TxError::TableTypeMismatch {
+                name: name.to_owned(),
+                registered: table.type_names(),
+                requested: type_names::<K, V>(),
+            });
+        }
         Ok(id)
     }
 

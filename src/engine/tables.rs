@@ -3,7 +3,12 @@
 //! Index keys start with a big-endian timestamp so that redb's byte order is time order: the
 //! oldest entries come first in a range scan. Layouts are in `docs/design.md`.
 
+use redb::{Key, Value};
+
 use crate::clock::Timestamp;
+use crate::error::{BadTableReason, StoreError};
+use crate::record::Record;
+use crate::scope::Scope;
 
 use super::registry::{Internal, Registry, TableId};
 
@@ -65,6 +70,39 @@ impl InternalTables {
             tombstones: reg(TOMBSTONES),
         }
     }
+}
+
+/// The tables a store will open: its own, then the business tables registered on the builder.
+#[derive(Debug)]
+pub(crate) struct Tables {
+    pub(super) registry: Registry,
+    pub(super) internal: InternalTables,
+}
+
+impl Tables {
+    /// The store's own tables, and no business table yet.
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::default();
+        let internal = InternalTables::register(&mut registry);
+        Tables { registry, internal }
+    }
+
+    /// Registers a business table that commit and write closures may write.
+    pub(crate) fn register<K: Key + 'static, V: Value + 'static>(
+        &mut self,
+        name: &str,
+    ) -> Result<(), BadTableReason> {
+        self.registry.register::<K, V>(name, Internal::No).map(drop)
+    }
+}
+
+/// Decodes a stored record, or says which scope's record is corrupt: the one way every read
+/// of the records table (a lookup, the writer, eviction, the scans) turns bytes into a record.
+pub(crate) fn decode_stored(scope: &[u8], bytes: &[u8]) -> Result<Record, StoreError> {
+    Record::decode(bytes).map_err(|source| StoreError::CorruptRecord {
+        scope: Scope::decode(scope).map_or_else(|_| format!("{scope:?}"), |s| s.to_string()),
+        source,
+    })
 }
 
 /// `at (u64 BE) ‖ scope`: the key of an expiry or lease index entry.

@@ -42,11 +42,11 @@ use std::time::{Duration, Instant};
 
 use redb::WriteTransaction;
 
+use super::tx::Tx;
 use crate::clock::Timestamp;
 use crate::config::{Durability, SelfHeal};
 use crate::error::StoreError;
 use crate::storage::Storage;
-use crate::tx::Tx;
 use crate::wal::{
     self, FailedOutcome, Handoff, Log, LogFailure, LogThread, RecoveryReport, Submission,
 };

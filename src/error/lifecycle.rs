@@ -1,19 +1,9 @@
-//! Errors from the claim lifecycle: begin, commit, release, extend, checkpoint, and plain writes.
+//! Errors from the claim lifecycle: commit, release, extend, checkpoint, and plain writes.
 
 use std::fmt;
 
 use super::{BoxError, ResponseError, StoreError};
-use crate::claim::Claim;
 use crate::scope::Scope;
-
-/// `begin` could not decide. Nothing was written; the request may be retried.
-#[derive(Debug, Clone, thiserror::Error)]
-#[non_exhaustive]
-pub enum BeginError {
-    /// Storage failed or the store is poisoned or closed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// Why a claim no longer holds its scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,14 +47,15 @@ pub struct StaleClaim {
     pub reason: StaleReason,
 }
 
-/// `commit` did not store the response.
+/// `commit` (or `complete`) did not store the response.
 ///
 /// Variants that carry the claim leave it held: nothing of the request was written, and the
-/// caller may [`release`](Claim::release) it (no side effect happened) or commit a failure
-/// response. [`CommitError::into_claim`] takes it back.
+/// caller may release it (no side effect happened) or commit a failure response.
+/// [`CommitError::into_claim`] takes it back. `C` is the backend's claim type;
+/// [`idemstore::CommitError`](crate::CommitError) has the local store's as its default.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum CommitError {
+pub enum CommitError<C> {
     /// The closure returned an error. None of its writes were kept.
     #[error(
         "the commit closure failed ({source}); nothing was written and the claim is still held: release it or commit a failure response"
@@ -73,7 +64,7 @@ pub enum CommitError {
         /// The closure's error.
         source: BoxError,
         /// The claim, still held (boxed: it is large, and errors travel by value).
-        claim: Box<Claim>,
+        claim: Box<C>,
     },
     /// The closure panicked. None of its writes were kept; the store is unaffected.
     #[error(
@@ -83,7 +74,7 @@ pub enum CommitError {
         /// The panic message.
         message: String,
         /// The claim, still held (boxed: it is large, and errors travel by value).
-        claim: Box<Claim>,
+        claim: Box<C>,
     },
     /// The closure's response does not fit the limits.
     #[error("the response was refused ({source}); nothing was written and the claim is still held")]
@@ -91,7 +82,7 @@ pub enum CommitError {
         /// What is wrong with it.
         source: ResponseError,
         /// The claim, still held (boxed: it is large, and errors travel by value).
-        claim: Box<Claim>,
+        claim: Box<C>,
     },
     /// The claim's fence is stale: another attempt owns the scope.
     #[error(transparent)]
@@ -101,9 +92,9 @@ pub enum CommitError {
     Store(#[from] StoreError),
 }
 
-impl CommitError {
+impl<C> CommitError<C> {
     /// The claim, if this error left it held.
-    pub fn into_claim(self) -> Option<Claim> {
+    pub fn into_claim(self) -> Option<C> {
         match self {
             CommitError::Aborted { claim, .. }
             | CommitError::Panicked { claim, .. }

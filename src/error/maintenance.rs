@@ -1,5 +1,7 @@
 //! Errors from maintenance operations.
 
+use std::sync::Arc;
+
 use super::StoreError;
 
 /// `compact` did not run. Nothing was changed.
@@ -11,8 +13,8 @@ pub enum CompactError {
     #[error("a read snapshot (Store::read) is still open; drop it and compact again")]
     SnapshotOpen,
     /// redb refused or failed.
-    #[error("compaction failed: {0}")]
-    Storage(String),
+    #[error("compaction failed: {0}; the file is as it was, and the store goes on serving")]
+    Storage(#[source] Arc<redb::CompactionError>),
     /// The store could not run it (poisoned, closed).
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -1,4 +1,6 @@
-//! Errors: one `#[non_exhaustive]` enum per operation, an umbrella [`Error`] over all of them.
+//! Errors: one `#[non_exhaustive]` enum per kind of failure an operation can have of its own,
+//! [`StoreError`] for the failures every operation shares (see `docs/design.md`, "Errors").
+//! The umbrella [`Error`](crate::Error) over all of them is in `any_error`.
 //!
 //! Every variant's Display says what happened and what to do about it.
 
@@ -29,11 +31,9 @@ mod store;
 mod tx;
 
 pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
-pub use lifecycle::{
-    BeginError, ClaimError, CommitError, ForgetError, StaleClaim, StaleReason, WriteError,
-};
+pub use lifecycle::{ClaimError, CommitError, ForgetError, StaleClaim, StaleReason, WriteError};
 pub use maintenance::CompactError;
-pub use open::OpenError;
+pub use open::{BadTableReason, OpenError};
 pub use recovery::RecoveryError;
 pub use store::StoreError;
 pub use tx::{ReadError, TxError};
@@ -41,42 +41,3 @@ pub use tx::{ReadError, TxError};
 /// The error a commit or write closure returns: any error, boxed. Use `?` on anything, or
 /// `Err("reason".into())`; [`CommitError::Aborted`] gives it back for downcasting.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Any error this crate returns, for callers that do not branch on the operation.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// See [`OpenError`].
-    #[error(transparent)]
-    Open(#[from] OpenError),
-    /// See [`ScopeError`].
-    #[error(transparent)]
-    Scope(#[from] ScopeError),
-    /// See [`FingerprintError`].
-    #[error(transparent)]
-    Fingerprint(#[from] FingerprintError),
-    /// See [`BeginError`].
-    #[error(transparent)]
-    Begin(#[from] BeginError),
-    /// See [`CommitError`].
-    #[error(transparent)]
-    Commit(#[from] CommitError),
-    /// See [`ClaimError`].
-    #[error(transparent)]
-    Claim(#[from] ClaimError),
-    /// See [`WriteError`].
-    #[error(transparent)]
-    Write(#[from] WriteError),
-    /// See [`CompactError`].
-    #[error(transparent)]
-    Compact(#[from] CompactError),
-    /// See [`ReadError`].
-    #[error(transparent)]
-    Read(#[from] ReadError),
-    /// See [`TxError`].
-    #[error(transparent)]
-    Tx(#[from] TxError),
-    /// See [`StoreError`].
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}

@@ -80,7 +80,7 @@ pub enum OpenError {
         /// The table's name.
         name: String,
         /// Why.
-        reason: String,
+        reason: BadTableReason,
     },
     /// Setting up the store's tables failed.
     #[error(
@@ -100,4 +100,24 @@ pub enum OpenError {
     /// The writer thread could not be started.
     #[error("cannot start the writer thread: {0}")]
     Thread(#[source] std::io::Error),
+}
+
+/// Why a business table could not be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadTableReason {
+    /// Its name starts with `idemstore.`, which the store's own tables use.
+    #[error("names starting with \"idemstore.\" are reserved; rename it")]
+    Reserved,
+    /// The name is already registered with other key or value types.
+    #[error(
+        "it is already registered as <{registered}>; register each name with one key and value type"
+    )]
+    Duplicate {
+        /// The types it was registered with, as redb names them (`"K, V"`).
+        registered: String,
+    },
+    /// The store already has 65,536 tables.
+    #[error("too many tables (65,536 at most)")]
+    TooMany,
 }

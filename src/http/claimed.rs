@@ -19,30 +19,29 @@ use super::layer::{Handling, Settings};
 use super::problem;
 use super::rejection::{self, Began};
 use super::stream::{self, Recorded};
-use crate::claim::Claim;
 use crate::error::{BoxError, CommitError};
-use crate::keep_alive::KeepAlive;
-use crate::store::Store;
+use crate::protocol::{Protocol, ProtocolClaim};
 
 /// What the task hands back to the request's future: the response head (its body streams on).
 pub(crate) type Reply<E> = oneshot::Sender<Result<Response<Body>, E>>;
 
 /// Runs the handler for a claimed request and stores its response; sends the response to
 /// `reply` as soon as its head is known.
-pub(crate) async fn run<S, B>(
+pub(crate) async fn run<S, B, P>(
     mut inner: S,
-    store: Store,
+    store: P,
     settings: Arc<Settings>,
-    claim: Claim,
+    claim: P::Claim,
     request: Request<Body>,
     reply: Reply<S::Error>,
 ) where
     S: Service<Request<Body>, Response = Response<B>>,
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    P: Protocol,
 {
-    let _alive = KeepAlive::start(claim.lease_handle());
-    let handle = IdempotentRequest::new(claim);
+    let _alive = claim.keep_alive();
+    let handle = IdempotentRequest::<P>::new(claim);
     let mut request = request;
     request.extensions_mut().insert(handle.clone());
     // If this await never finishes (a panic), `handle` and the claim in it are dropped
@@ -81,7 +80,7 @@ pub(crate) async fn run<S, B>(
     if began == Began::No || settings.failures.handling(response.status()) == Handling::Release {
         // Refused before the handler began (nothing ran), or a failure the policy releases:
         // a retry with the same key runs again.
-        if let Err(e) = claim.release_async().await {
+        if let Err(e) = claim.release().await {
             tracing::warn!(error = %e, "could not release the claim");
         }
         let _ = reply.send(Ok(response));
@@ -90,15 +89,15 @@ pub(crate) async fn run<S, B>(
     store_streamed(&store, &settings, claim, response, reply).await;
 }
 
-fn limit(store: &Store) -> usize {
+fn limit(store: &impl Protocol) -> usize {
     store.limits().max_response_bytes
 }
 
 /// Sends the response to the client as it streams, records it, and stores the record.
-async fn store_streamed<E>(
-    store: &Store,
+async fn store_streamed<E, C: ProtocolClaim>(
+    store: &impl Protocol,
     settings: &Settings,
-    claim: Claim,
+    claim: C,
     response: Response<Body>,
     reply: Reply<E>,
 ) {
@@ -135,7 +134,7 @@ async fn store_streamed<E>(
     };
     let stored = convert::to_stored(status, &headers, &settings.replay_headers, &bytes);
     let scope = claim.scope().clone();
-    match claim.commit_async(move |_tx| Ok(stored)).await {
+    match claim.complete(stored).await {
         Ok(_) => {}
         Err(CommitError::InvalidResponse { source, claim }) => {
             // Within the body limit, but its headers make it too large (or too many).
@@ -156,11 +155,11 @@ async fn store_streamed<E>(
 /// handler ran, so retries get this fixed answer instead of running it again. If even that
 /// fails, the claim is left in progress (a retry after the lease is a recovery).
 pub(crate) async fn store_in_place(
-    claim: Claim,
+    claim: impl ProtocolClaim,
     answer: crate::response::Response,
 ) -> Response<Body> {
     let first = convert::to_http(&answer, Delivery::First);
-    if let Err(e) = claim.commit_async(move |_tx| Ok(answer)).await {
+    if let Err(e) = claim.complete(answer).await {
         tracing::error!(error = %e, "the answer in place of the handler's response was not stored either");
         drop(e.into_claim());
     }

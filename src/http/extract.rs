@@ -13,16 +13,17 @@ use parking_lot::Mutex;
 
 use super::convert::{self, Delivery};
 use super::problem::problem;
-use crate::claim::Claim;
+use crate::engine::Tx;
 use crate::error::{BoxError, ClaimError, CommitError, ResponseError, StaleClaim, StoreError};
+use crate::protocol::{Protocol, ProtocolClaim};
 use crate::response::Response;
 use crate::scope::Scope;
-use crate::tx::Tx;
+use crate::store::Store;
 
 /// Where the claim is between the middleware and the handler.
-enum Slot {
+enum Slot<C> {
     /// Not yet finished: whoever finishes it takes it out.
-    Held(Claim),
+    Held(C),
     /// Taken out by an operation in flight (a commit, a checkpoint).
     Busy,
     /// Finished by the handler, or taken back by the middleware.
@@ -62,19 +63,19 @@ impl fmt::Display for Finish {
 pub(crate) struct LeaveInProgress;
 
 /// What the middleware finds after the handler returned.
-pub(crate) enum AfterHandler {
+pub(crate) enum AfterHandler<C> {
     /// The handler did not finish the claim: the middleware stores the response (or releases).
-    Unfinished(Claim),
+    Unfinished(C),
     /// The handler finished it (or an operation of its is still in flight).
     Finished,
 }
 
-struct Shared {
+struct Shared<C> {
     scope: Scope,
     attempt: u32,
     fence: u64,
     downstream_key: String,
-    slot: Mutex<Slot>,
+    slot: Mutex<Slot<C>>,
     checkpoint: Mutex<Option<Vec<u8>>>,
 }
 
@@ -93,12 +94,22 @@ struct Shared {
 /// If the handler panics or its future is dropped (the client went away, a timeout layer
 /// fired), the claim is left in progress: the work's outcome is unknown, so the next attempt
 /// after the lease is a recovery, never a silent fresh start.
-#[derive(Clone)]
-pub struct IdempotentRequest {
-    shared: Arc<Shared>,
+///
+/// `P` is the backend of the layer that claimed the request: a handler takes the same
+/// `IdempotentRequest<P>` as its layer's `IdempotencyLayer<P>` (both default to [`Store`]).
+pub struct IdempotentRequest<P: Protocol = Store> {
+    shared: Arc<Shared<P::Claim>>,
 }
 
-impl fmt::Debug for IdempotentRequest {
+impl<P: Protocol> Clone for IdempotentRequest<P> {
+    fn clone(&self) -> Self {
+        IdempotentRequest {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<P: Protocol> fmt::Debug for IdempotentRequest<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentRequest")
             .field("scope", &self.shared.scope)
@@ -108,8 +119,8 @@ impl fmt::Debug for IdempotentRequest {
     }
 }
 
-impl IdempotentRequest {
-    pub(crate) fn new(claim: Claim) -> Self {
+impl<P: Protocol> IdempotentRequest<P> {
+    pub(crate) fn new(claim: P::Claim) -> Self {
         IdempotentRequest {
             shared: Arc::new(Shared {
                 scope: claim.scope().clone(),
@@ -133,13 +144,13 @@ impl IdempotentRequest {
         self.shared.attempt
     }
 
-    /// The claim's fence (see [`Claim::fence`]).
+    /// The claim's fence (see [`ProtocolClaim::fence`]).
     pub fn fence(&self) -> u64 {
         self.shared.fence
     }
 
     /// A key for downstream APIs, the same for every attempt of this operation
-    /// ([`Claim::downstream_key`]).
+    /// ([`ProtocolClaim::downstream_key`]).
     pub fn downstream_key(&self) -> &str {
         &self.shared.downstream_key
     }
@@ -150,7 +161,7 @@ impl IdempotentRequest {
     }
 
     /// Takes the claim out for an operation.
-    fn take(&self) -> Result<Claim, HandlerError> {
+    fn take(&self) -> Result<P::Claim, HandlerError> {
         let mut slot = self.shared.slot.lock();
         match std::mem::replace(&mut *slot, Slot::Busy) {
             Slot::Held(claim) => Ok(claim),
@@ -162,7 +173,7 @@ impl IdempotentRequest {
         }
     }
 
-    fn put_back(&self, claim: Claim) {
+    fn put_back(&self, claim: P::Claim) {
         *self.shared.slot.lock() = Slot::Held(claim);
     }
 
@@ -170,23 +181,29 @@ impl IdempotentRequest {
         *self.shared.slot.lock() = Slot::Done(finish);
     }
 
-    /// Runs `work` in the store's writer transaction and stores its response as the key's
-    /// completed record, atomically with every business write `work` makes; answers the stored
-    /// response as HTTP, exactly as a replay will carry it (without `Idempotent-Replayed`).
-    ///
-    /// `work` runs on the store's writer thread: do slow calls (the payment processor) before.
-    /// On an error that leaves the claim held (the closure failed or panicked, the response
-    /// was refused), the claim goes back to this request: the handler may try again, release,
-    /// or return an error response for the middleware to store.
+    /// Stores `response` as the key's completed record, with no business writes, and
+    /// answers it as HTTP, exactly as a replay will carry it (without `Idempotent-Replayed`).
+    /// For business writes in the same transaction, the local store's
+    /// [`commit`](IdempotentRequest::commit).
     ///
     /// # Errors
     /// See [`HandlerError`]; its `IntoResponse` answers 500 (503 for storage).
-    pub async fn commit<F>(&self, work: F) -> Result<axum::http::Response<Body>, HandlerError>
-    where
-        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
-    {
+    pub async fn complete(
+        &self,
+        response: Response,
+    ) -> Result<axum::http::Response<Body>, HandlerError> {
         let claim = self.take()?;
-        match claim.commit_async(work).await {
+        let completed = claim.complete(response).await;
+        self.committed(completed)
+    }
+
+    /// A commit's answer: the stored response as HTTP, or the claim back to this request when
+    /// the error left it held.
+    fn committed(
+        &self,
+        result: Result<Response, CommitError<P::Claim>>,
+    ) -> Result<axum::http::Response<Body>, HandlerError> {
+        match result {
             Ok(stored) => {
                 self.finish(Finish::Committed);
                 Ok(convert::to_http(&stored, Delivery::First))
@@ -221,7 +238,7 @@ impl IdempotentRequest {
     /// [`HandlerError`] if the claim is already finished, stale, or storage failed.
     pub async fn release(&self) -> Result<(), HandlerError> {
         let claim = self.take()?;
-        let released = claim.release_async().await;
+        let released = claim.release().await;
         self.finish(if released.is_ok() {
             Finish::Released
         } else {
@@ -243,7 +260,7 @@ impl IdempotentRequest {
         Ok(())
     }
 
-    /// Stores progress for a later attempt ([`Claim::checkpoint`]).
+    /// Stores progress for a later attempt ([`ProtocolClaim::checkpoint`]).
     ///
     /// # Errors
     /// [`HandlerError`] if the claim is finished, stale, the checkpoint too large, or storage
@@ -251,26 +268,26 @@ impl IdempotentRequest {
     pub async fn checkpoint(&self, bytes: impl Into<Vec<u8>>) -> Result<(), HandlerError> {
         let bytes = bytes.into();
         let mut claim = self.take()?;
-        let stored = claim.checkpoint_async(bytes.clone()).await;
+        let stored = claim.checkpoint(bytes.clone()).await;
         self.put_back(claim);
         stored.map_err(HandlerError::Claim)?;
         *self.shared.checkpoint.lock() = Some(bytes);
         Ok(())
     }
 
-    /// Moves the end of the lease to `lease` from now ([`Claim::extend`]).
+    /// Moves the end of the lease to `lease` from now ([`ProtocolClaim::extend`]).
     ///
     /// # Errors
     /// [`HandlerError`] if the claim is finished, stale, the lease invalid, or storage failed.
     pub async fn extend(&self, lease: Duration) -> Result<(), HandlerError> {
         let mut claim = self.take()?;
-        let extended = claim.extend_async(lease).await;
+        let extended = claim.extend(lease).await;
         self.put_back(claim);
         extended.map_err(HandlerError::Claim)
     }
 
     /// The middleware's side: takes the claim back once the handler returned.
-    pub(crate) fn after_handler(&self) -> AfterHandler {
+    pub(crate) fn after_handler(&self) -> AfterHandler<P::Claim> {
         let mut slot = self.shared.slot.lock();
         match std::mem::replace(&mut *slot, Slot::Done(Finish::Returned)) {
             Slot::Held(claim) => AfterHandler::Unfinished(claim),
@@ -279,6 +296,28 @@ impl IdempotentRequest {
                 AfterHandler::Finished
             }
         }
+    }
+}
+
+impl IdempotentRequest<Store> {
+    /// Runs `work` in the store's writer transaction and stores its response as the key's
+    /// completed record, atomically with every business write `work` makes; answers the stored
+    /// response as HTTP, exactly as a replay will carry it (without `Idempotent-Replayed`).
+    ///
+    /// `work` runs on the store's writer thread: do slow calls (the payment processor) before.
+    /// On an error that leaves the claim held (the closure failed or panicked, the response
+    /// was refused), the claim goes back to this request: the handler may try again, release,
+    /// or return an error response for the middleware to store.
+    ///
+    /// # Errors
+    /// See [`HandlerError`]; its `IntoResponse` answers 500 (503 for storage).
+    pub async fn commit<F>(&self, work: F) -> Result<axum::http::Response<Body>, HandlerError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
+        let claim = self.take()?;
+        let committed = claim.commit_async(work).await;
+        self.committed(committed)
     }
 }
 
@@ -374,25 +413,25 @@ impl IntoResponse for MissingClaim {
     }
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for IdempotentRequest {
+impl<S: Send + Sync, P: Protocol> FromRequestParts<S> for IdempotentRequest<P> {
     type Rejection = MissingClaim;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         parts
             .extensions
-            .get::<IdempotentRequest>()
+            .get::<IdempotentRequest<P>>()
             .cloned()
             .ok_or(MissingClaim)
     }
 }
 
-impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotentRequest {
+impl<S: Send + Sync, P: Protocol> OptionalFromRequestParts<S> for IdempotentRequest<P> {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(
         parts: &mut Parts,
         _state: &S,
     ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<IdempotentRequest>().cloned())
+        Ok(parts.extensions.get::<IdempotentRequest<P>>().cloned())
     }
 }

@@ -13,6 +13,7 @@ use tower::Layer;
 use super::outage::Outage;
 use super::request::{Fingerprinting, QueryPart};
 use super::service::IdempotencyService;
+use crate::protocol::Protocol;
 use crate::store::Store;
 
 /// The authenticated tenant of a request, as the application's authentication layer records it
@@ -143,7 +144,7 @@ fn default_tenant(parts: &Parts) -> Option<String> {
 }
 
 /// A tower [`Layer`] that makes the requests it covers idempotent under their
-/// `Idempotency-Key`, backed by a [`Store`].
+/// `Idempotency-Key`, backed by a [`Store`] (or any backend of the [`Protocol`]).
 ///
 /// ```
 /// use axum::{Router, routing::post};
@@ -164,12 +165,12 @@ fn default_tenant(parts: &Parts) -> Option<String> {
 /// they refuse never reaches the store. The authentication layer records the caller as a
 /// [`Tenant`] extension, or [`IdempotencyLayer::tenant_from`] says where else to find it.
 #[derive(Clone)]
-pub struct IdempotencyLayer {
-    store: Store,
+pub struct IdempotencyLayer<P = Store> {
+    store: P,
     settings: Arc<Settings>,
 }
 
-impl fmt::Debug for IdempotencyLayer {
+impl<P> fmt::Debug for IdempotencyLayer<P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
         f.debug_struct("IdempotencyLayer")
@@ -183,11 +184,11 @@ impl fmt::Debug for IdempotencyLayer {
     }
 }
 
-impl IdempotencyLayer {
+impl<P: Protocol> IdempotencyLayer<P> {
     /// Covers `POST` requests; key required; tenant from the [`Tenant`] extension; operation
     /// is the method and the matched route; bodies up to 1 MiB; no waiting on a request in
     /// flight; replays carry `content-type` and `location`; failures stored ([`Failures`]).
-    pub fn new(store: Store) -> Self {
+    pub fn new(store: P) -> Self {
         IdempotencyLayer {
             store,
             settings: Arc::new(Settings {
@@ -390,8 +391,8 @@ impl IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = IdempotencyService<S>;
+impl<S, P: Protocol> Layer<S> for IdempotencyLayer<P> {
+    type Service = IdempotencyService<S, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         IdempotencyService::new(inner, self.store.clone(), self.settings.clone())

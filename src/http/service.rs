@@ -22,25 +22,26 @@ use super::problem;
 use super::request::{self, BodyProblem};
 use crate::claim::Begin;
 use crate::error::BoxError;
+use crate::protocol::Protocol;
 use crate::scope::{Scope, ScopePart};
 use crate::store::Store;
 
 /// The [`IdempotencyLayer`](super::IdempotencyLayer)'s service around an inner service.
 #[derive(Clone)]
-pub struct IdempotencyService<S> {
+pub struct IdempotencyService<S, P = Store> {
     inner: S,
-    store: Store,
+    store: P,
     settings: Arc<Settings>,
 }
 
-impl<S> fmt::Debug for IdempotencyService<S> {
+impl<S, P> fmt::Debug for IdempotencyService<S, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyService").finish_non_exhaustive()
     }
 }
 
-impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, store: Store, settings: Arc<Settings>) -> Self {
+impl<S, P> IdempotencyService<S, P> {
+    pub(crate) fn new(inner: S, store: P, settings: Arc<Settings>) -> Self {
         IdempotencyService {
             inner,
             store,
@@ -52,8 +53,9 @@ impl<S> IdempotencyService<S> {
 /// The boxed future of one request.
 type Answer<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
 
-impl<S, B> Service<Request<Body>> for IdempotencyService<S>
+impl<S, B, P> Service<Request<Body>> for IdempotencyService<S, P>
 where
+    P: Protocol,
     S: Service<Request<Body>, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -132,9 +134,9 @@ fn admit(settings: &Settings, parts: &axum::http::request::Parts) -> Admission {
     }
 }
 
-async fn serve<S, B>(
+async fn serve<S, B, P>(
     mut inner: S,
-    store: Store,
+    store: P,
     settings: Arc<Settings>,
     request: Request<Body>,
 ) -> Result<Response<Body>, S::Error>
@@ -144,6 +146,7 @@ where
     S::Error: Send + 'static,
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    P: Protocol,
 {
     let (parts, body) = request.into_parts();
     let scope = match admit(&settings, &parts) {
@@ -170,10 +173,10 @@ where
     let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
     let begin = async {
         if settings.wait.is_zero() {
-            store.begin_async(&scope, fingerprint).await
+            store.begin(&scope, fingerprint).await
         } else {
             store
-                .begin_or_wait_async(&scope, fingerprint, settings.wait)
+                .begin_or_wait(&scope, fingerprint, settings.wait)
                 .await
         }
     };
@@ -204,7 +207,7 @@ where
                 Begin::Claimed(_) | Begin::Recovered(_) => unreachable_claim(),
             });
         }
-        Err(crate::error::BeginError::Store(e)) => {
+        Err(e) => {
             tracing::error!(%scope, error = %e, "the idempotency store could not answer");
             return Ok(problem::store_unavailable(&e, settings.outage.failed()));
         }

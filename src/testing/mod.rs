@@ -1,8 +1,11 @@
 //! Tools for testing a store against crashes and I/O faults (feature `testing`).
 //!
 //! [`SimDisk`] runs a store on simulated storage that can crash at any operation; the bodies of
-//! the fuzz targets live here too, so a seeded test runs them on stable.
+//! the fuzz targets live here too, so a seeded test runs them on stable. [`conformance`] is the
+//! suite every backend of the claim protocol must pass.
 
+#[cfg(feature = "tokio")]
+pub mod conformance;
 mod crash;
 mod log_decode;
 mod sim_disk;

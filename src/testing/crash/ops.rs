@@ -151,7 +151,7 @@ fn begin(
     };
     let answer = match store.begin(&scope(key), fingerprint(key, other_request)) {
         Ok(answer) => answer,
-        Err(crate::BeginError::Store(e)) => {
+        Err(e) => {
             // If it landed, it took the next fence (or a later one: fences only grow).
             let after = claimed_after(model.next_fence);
             return Err(failed(&e, InFlight::Key { key, after }));

@@ -4,7 +4,6 @@
 //! completed record, and so that the engine sees them as bytes it can log and replay. Reads see
 //! this request's own writes first, then everything earlier requests of the group wrote.
 
-use std::any::TypeId;
 use std::borrow::Borrow;
 use std::fmt;
 use std::marker::PhantomData;
@@ -12,11 +11,12 @@ use std::ops::{Bound, RangeBounds};
 
 use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
-use crate::config::MAX_REQUEST_BYTES;
-use crate::engine::open_tables::OpenTables;
-use crate::engine::registry::{RESERVED_PREFIX, RawEntries, Registry, TableId, type_names};
-use crate::engine::write_set::{Buffered, WriteSet};
 use crate::error::TxError;
+use crate::limits::MAX_REQUEST_BYTES;
+
+use super::open_tables::OpenTables;
+use super::registry::{RawEntries, Registry, TableId};
+use super::write_set::{Buffered, WriteSet};
 
 /// A value read through [`Tx`], owned so that it outlives the read.
 pub struct OwnedValue<V: Value + 'static> {
@@ -104,7 +104,7 @@ impl<'g> Tx<'g> {
     ///
     /// # Errors
     /// [`TxError`] if the table is not registered (or with other types), or if this request
-    /// has written more than [`MAX_REQUEST_BYTES`](crate::MAX_REQUEST_BYTES).
+    /// has written more than [`MAX_REQUEST_BYTES`](crate::limits::MAX_REQUEST_BYTES).
     pub fn insert<'k, 'v, K: Key + 'static, V: Value + 'static>(
         &mut self,
         table: &TableDefinition<'_, K, V>,
@@ -172,24 +172,7 @@ impl<'g> Tx<'g> {
         &self,
         table: &TableDefinition<'_, K, V>,
     ) -> Result<TableId, TxError> {
-        let name = table.name();
-        let unknown = || TxError::UnknownTable {
-            name: name.to_owned(),
-        };
-        if name.starts_with(RESERVED_PREFIX) {
-            return Err(unknown());
-        }
-        let id = self.registry.id(name).ok_or_else(unknown)?;
-        let table = self.registry.table(id);
-        // Comparing type ids is cheap; the names are built only for the error.
-        if table.type_ids() != (TypeId::of::<K>(), TypeId::of::<V>()) {
-            return Err(TxError::TableTypeMismatch {
-                name: name.to_owned(),
-                registered: table.type_names(),
-                requested: type_names::<K, V>(),
-            });
-        }
-        Ok(id)
+        self.registry.business::<K, V>(table.name())
     }
 
     pub(crate) fn get_raw(

@@ -1,0 +1,86 @@
+//! What `begin` answers: one enum for every backend, generic over the claim the backend hands
+//! out, and the one place where a decision that writes nothing becomes an answer.
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::decision::Decision;
+use crate::response::Response;
+
+/// The outcome of `begin`: one atomic decision per call.
+///
+/// `C` is the claim the backend hands out; for the local [`Store`](crate::Store) it is
+/// [`Claim`](crate::Claim), which commits through redb tables (the default: `Begin` is
+/// `Begin<Claim>`).
+///
+/// Deliberately not `#[non_exhaustive]`: a new outcome must fail to compile in every `match`
+/// rather than fall into a wildcard arm that might run the operation twice.
+#[derive(Debug)]
+#[must_use = "a Begin says whether to do the work; ignoring it loses a claim or a replay"]
+pub enum Begin<C> {
+    /// No live record existed: the caller owns the scope and must do the work, then commit
+    /// or release the claim.
+    Claimed(C),
+    /// A previous attempt's lease expired: the caller owns the scope now, as the next attempt.
+    /// The previous attempt may have had side effects; its last checkpoint comes with the
+    /// claim. Reconcile with the claim's downstream key before acting.
+    Recovered(C),
+    /// The request already completed: this is its stored response, byte for byte.
+    Replay(Response),
+    /// A live claim for the same request holds the scope; nothing was written. Retry after
+    /// `retry_after` (the rest of its lease).
+    InProgress {
+        /// How long until the holder's lease ends.
+        retry_after: Duration,
+    },
+    /// The scope is held or completed for a different request (another fingerprint): the key
+    /// was reused for a different operation. Nothing was written.
+    Mismatch,
+    /// The request completed at `completed_at`, but its response was evicted after the TTL
+    /// (a tombstone remains, see `Builder::tombstone_ttl`). It must not run again; the client
+    /// should look the result up by other means. Nothing was written.
+    Expired {
+        /// When the operation completed.
+        completed_at: Timestamp,
+    },
+}
+
+impl<C> Begin<C> {
+    /// The answer to a decision that writes nothing; `None` for a claim or a take-over, which
+    /// only the writer (inside its transaction) may grant.
+    pub(crate) fn without_writing(decision: Decision<'_>) -> Option<Self> {
+        match decision {
+            Decision::Replay(response) => Some(Begin::Replay(response.clone())),
+            Decision::InProgress { retry_after } => Some(Begin::InProgress { retry_after }),
+            Decision::Mismatch => Some(Begin::Mismatch),
+            Decision::Expired { completed_at } => Some(Begin::Expired { completed_at }),
+            Decision::Claim | Decision::TakeOver(_) => None,
+        }
+    }
+
+    /// The same answer with its claim (if any) turned into another type: how a backend binds
+    /// what its engine granted to a handle.
+    pub(crate) fn map_claim<D>(self, bind: impl FnOnce(C) -> D) -> Begin<D> {
+        match self {
+            Begin::Claimed(claim) => Begin::Claimed(bind(claim)),
+            Begin::Recovered(claim) => Begin::Recovered(bind(claim)),
+            Begin::Replay(response) => Begin::Replay(response),
+            Begin::InProgress { retry_after } => Begin::InProgress { retry_after },
+            Begin::Mismatch => Begin::Mismatch,
+            Begin::Expired { completed_at } => Begin::Expired { completed_at },
+        }
+    }
+
+    /// The outcome's name, for logs and metrics: `claimed`, `recovered`, `replay`,
+    /// `in_progress`, `mismatch`, `expired`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Begin::Claimed(_) => "claimed",
+            Begin::Recovered(_) => "recovered",
+            Begin::Replay(_) => "replay",
+            Begin::InProgress { .. } => "in_progress",
+            Begin::Mismatch => "mismatch",
+            Begin::Expired { .. } => "expired",
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! `begin` and `begin_or_wait`: the read path answers everything that writes nothing; a claim
+//! or a take-over goes to the writer, which decides again inside its transaction.
+
+use std::time::{Duration, Instant};
+
+use crate::begin::Begin;
+use crate::clock::Timestamp;
+use crate::decision::decide;
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::Scope;
+
+use super::Engine;
+use super::lifecycle::Held;
+use super::requests;
+
+/// The longest `begin_or_wait` waits when asked for more than the clock can represent.
+const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The span every `begin` runs in.
+fn begin_span(scope: &Scope) -> tracing::Span {
+    tracing::debug_span!(
+        "idemstore.begin",
+        tenant = scope.tenant(),
+        operation = scope.operation(),
+        key = scope.key(),
+    )
+}
+
+impl Engine {
+    /// Decides, atomically, what to do with a request for `scope`. Only a claim or a
+    /// take-over writes; every other outcome is answered from a read transaction when possible
+    /// and never waits for a sync.
+    pub(crate) fn begin(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<Held>, StoreError> {
+        let span = begin_span(scope);
+        let _entered = span.enter();
+        let answer = match self.read_path(scope, fingerprint) {
+            Ok(Some(answer)) => Ok(answer),
+            Ok(None) => self
+                .run(requests::begin(scope.clone(), fingerprint))
+                .and_then(|answer| answer),
+            Err(e) => Err(e),
+        };
+        self.answered(answer)
+    }
+
+    /// [`Engine::begin`] for async callers. The read runs inline when the file is free (a
+    /// read of cached pages: microseconds, far less than a hop to the blocking pool), on the
+    /// blocking pool while a compaction or a reopen holds it.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn begin_async(
+        self: &std::sync::Arc<Self>,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<Held>, StoreError> {
+        let span = begin_span(scope);
+        let answer = async {
+            let read = match self.try_read_path(scope, fingerprint) {
+                Some(read) => read?,
+                None => {
+                    let (engine, scope) = (self.clone(), scope.clone());
+                    tokio::task::spawn_blocking(move || engine.read_path(&scope, fingerprint))
+                        .await
+                        .map_err(|e| StoreError::Internal {
+                            message: format!("a blocking read failed to run: {e}"),
+                        })??
+                }
+            };
+            match read {
+                Some(answer) => Ok(answer),
+                None => {
+                    self.run_async(requests::begin(scope.clone(), fingerprint))
+                        .await?
+                }
+            }
+        }
+        .await;
+        let _entered = span.enter();
+        self.answered(answer)
+    }
+
+    /// Like [`Engine::begin`], but when the scope is held by a live claim *of this process*,
+    /// waits (up to `max_wait`) for that claim to finish instead of answering `InProgress`.
+    /// Waiting is on a notification from the claim itself: no polling.
+    pub(crate) fn begin_or_wait(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        max_wait: Duration,
+    ) -> Result<Begin<Held>, StoreError> {
+        let start = Instant::now();
+        let deadline = start.checked_add(max_wait).unwrap_or(start + MAX_WAIT);
+        loop {
+            let watch = self.shared.watchers.watch(scope.encode());
+            // Read before asking, so that a claim finishing in between is not missed.
+            let seen = watch.slot.generation();
+            match self.begin(scope, fingerprint)? {
+                Begin::InProgress { .. } if watch.slot.worth_waiting(seen) => {
+                    if !watch.slot.wait_past(seen, deadline) {
+                        drop(watch);
+                        return self.begin(scope, fingerprint);
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// [`Engine::begin_or_wait`] for async callers: waits on a notification from the holder,
+    /// bounded by `tokio::time` (so paused time in tests works).
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn begin_or_wait_async(
+        self: &std::sync::Arc<Self>,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        max_wait: Duration,
+    ) -> Result<Begin<Held>, StoreError> {
+        // `Duration::MAX` means "as long as it takes": cap it where the sum would overflow.
+        let start = tokio::time::Instant::now();
+        let deadline = start.checked_add(max_wait).unwrap_or(start + MAX_WAIT);
+        loop {
+            let watch = self.shared.watchers.watch(scope.encode());
+            let slot = watch.slot.clone();
+            // Registered before the generation is read: a change in between still wakes it.
+            let changed = slot.notify.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let seen = slot.generation();
+            match self.begin_async(scope, fingerprint).await? {
+                Begin::InProgress { .. } if watch.slot.worth_waiting(seen) => {
+                    if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                        drop(watch);
+                        return self.begin_async(scope, fingerprint).await;
+                    }
+                }
+                other => return Ok(other),
+            }
+        }
+    }
+
+    /// `begin`'s first step, from a read transaction: the answer if it writes nothing, `None`
+    /// if the writer must decide.
+    fn read_path(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Begin<Held>>, StoreError> {
+        let now = self.shared.config.clock.now();
+        let existing = self.read_record(scope)?;
+        Ok(self.without_writing(existing, fingerprint, now))
+    }
+
+    /// [`Engine::read_path`] if it can run without waiting for a compaction to finish.
+    #[cfg(feature = "tokio")]
+    pub(super) fn try_read_path(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Option<Result<Option<Begin<Held>>, StoreError>> {
+        let now = self.shared.config.clock.now();
+        let existing = self.try_read_record(scope)?;
+        Some(existing.map(|existing| self.without_writing(existing, fingerprint, now)))
+    }
+
+    /// What `begin` answers from the record it read, or `None`: a claim or a take-over, which
+    /// the writer decides again inside its transaction, where racing claims for the same scope
+    /// are serialised and exactly one wins.
+    fn without_writing(
+        &self,
+        existing: Option<Record>,
+        fingerprint: Fingerprint,
+        now: Timestamp,
+    ) -> Option<Begin<Held>> {
+        let decided = decide(
+            existing.as_ref(),
+            &fingerprint,
+            now,
+            self.shared.config.tombstone_ttl,
+        );
+        Begin::without_writing(decided)
+    }
+
+    /// Counts and traces a `begin` answer.
+    fn answered(&self, answer: Result<Begin<Held>, StoreError>) -> Result<Begin<Held>, StoreError> {
+        let answer = answer.inspect_err(|e| {
+            tracing::warn!(error = %e, "begin failed");
+        })?;
+        self.shared.counters.answered(&answer);
+        let outcome = answer.outcome();
+        match &answer {
+            Begin::Claimed(held) | Begin::Recovered(held) => {
+                tracing::debug!(outcome, fence = held.fence, attempt = held.attempt);
+            }
+            Begin::Replay(response) => tracing::debug!(outcome, status = response.status()),
+            Begin::InProgress { retry_after } => {
+                tracing::debug!(outcome, retry_after_ms = retry_after.as_millis() as u64);
+            }
+            Begin::Mismatch | Begin::Expired { .. } => tracing::debug!(outcome),
+        }
+        Ok(answer)
+    }
+}

@@ -1,0 +1,121 @@
+//! The writes the engine runs, one constructor per operation: what a facade builds and hands to
+//! [`Engine::run`](super::Engine::run). A request is opaque outside the engine; its answer is
+//! a domain result (a response, a refusal), never a job or a table.
+
+use std::time::Duration;
+
+use crate::begin::Begin;
+use crate::clock::Timestamp;
+use crate::error::StoreError;
+use crate::fingerprint::Fingerprint;
+use crate::maintenance::{Evicted, Forget};
+use crate::record::Record;
+use crate::response::Response;
+use crate::scope::Scope;
+
+use super::context::{Context, Needs};
+use super::job::{Keep, Work};
+use super::lifecycle::{
+    self, CommitRefusal, Extension, ForgetRefusal, Held, Refusal, UserFailure, UserWork,
+};
+use super::tx::Tx;
+
+/// One write for the writer's next group, answered with an `R` once the group is durable.
+#[must_use = "a request does nothing until the engine runs it"]
+pub(crate) struct Request<R>(Box<dyn Work<R>>);
+
+impl<R> Request<R> {
+    fn new(work: impl Work<R>) -> Self {
+        Request(Box::new(work))
+    }
+
+    pub(super) fn into_work(self) -> Box<dyn Work<R>> {
+        self.0
+    }
+}
+
+/// `begin`, decided again inside the writer's transaction, where racing claims are
+/// serialised: a claim or a take-over, or the answer that the race made of it.
+pub(super) fn begin(
+    scope: Scope,
+    fingerprint: Fingerprint,
+) -> Request<Result<Begin<Held>, StoreError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::begin(tx, ctx, &scope, fingerprint)
+    })
+}
+
+/// Stores `work`'s response as the scope's completed record, with `work`'s business writes, if
+/// `fence` still holds the scope.
+pub(crate) fn commit(
+    scope: Scope,
+    fence: u64,
+    work: UserWork<Response>,
+) -> Request<Result<Response, CommitRefusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::commit(tx, ctx, &scope, fence, work)
+    })
+}
+
+/// Gives the scope up if `fence` still holds it.
+pub(crate) fn release(scope: Scope, fence: u64) -> Request<Result<(), Refusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::release(tx, ctx, &scope, fence)
+    })
+}
+
+/// Moves the end of the lease of `fence`'s claim to `lease` from now (or keeps a later one,
+/// as `extension` says). Answers the new end.
+pub(crate) fn extend(
+    scope: Scope,
+    fence: u64,
+    lease: Duration,
+    extension: Extension,
+) -> Request<Result<Timestamp, Refusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::extend(tx, ctx, &scope, fence, lease, extension)
+    })
+}
+
+/// Stores progress for a later attempt, if `fence` still holds the scope.
+pub(crate) fn checkpoint(scope: Scope, fence: u64, bytes: Vec<u8>) -> Request<Result<(), Refusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::checkpoint(tx, ctx, &scope, fence, bytes)
+    })
+}
+
+/// Removes a scope's record, for an operator.
+pub(crate) fn forget(scope: Scope, how: Forget) -> Request<Result<Record, ForgetRefusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::forget(tx, ctx, &scope, how)
+    })
+}
+
+/// A business transaction with no idempotency key.
+pub(crate) fn write<T: Send + 'static>(work: UserWork<T>) -> Request<Result<T, UserFailure>> {
+    Request::new(move |tx: &mut Tx<'_>, _ctx: &mut Context<'_>| lifecycle::write(tx, work))
+}
+
+/// Up to `limit` expired records evicted through the expiry and tombstone indexes.
+pub(super) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::evict_expired(tx, ctx, limit)
+    })
+}
+
+/// Everything acknowledged made durable in redb itself (a checkpoint of the log).
+pub(crate) fn checkpoint_log() -> Request<()> {
+    needs(Needs::Checkpointed)
+}
+
+/// Everything acknowledged made visible to redb read transactions.
+pub(super) fn publish() -> Request<()> {
+    needs(Needs::Published)
+}
+
+fn needs(needs: Needs) -> Request<()> {
+    Request::new(move |_tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        ctx.need(needs);
+        (Keep::Nothing, ())
+    })
+}

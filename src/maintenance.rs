@@ -1,0 +1,81 @@
+//! What maintenance and monitoring operations take and report: an eviction pass, the
+//! abandoned-work listing, an operator's removal, a compaction. Plain values, the same from
+//! every backend.
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::scope::Scope;
+
+/// What one eviction pass did, and whether more is waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Evicted {
+    /// Completed records whose TTL passed and whose response was removed (deleted, or kept as
+    /// a tombstone when `Builder::tombstone_ttl` is set).
+    pub removed: usize,
+    /// Tombstones whose time ran out, deleted.
+    pub tombstones_removed: usize,
+    /// Whether more is due past this pass's limit.
+    pub backlog: Backlog,
+}
+
+/// Whether work remains after a bounded pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backlog {
+    /// Nothing more is due now.
+    Empty,
+    /// More is due: call again.
+    More,
+}
+
+/// In-progress work whose lease expired: its outcome is unknown, and no attempt holds it.
+///
+/// A reconciler drives it to completion: `begin` with the same fingerprint takes it
+/// over as `Recovered`, with the attempt count and the last checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Abandoned {
+    /// The scope.
+    pub scope: Scope,
+    /// The fingerprint of the request that claimed it (pass it to `begin` to take it over).
+    pub fingerprint: Fingerprint,
+    /// The last holder's fence.
+    pub fence: u64,
+    /// Attempts so far.
+    pub attempt: u32,
+    /// When it was first claimed.
+    pub created_at: Timestamp,
+    /// When the last lease ended.
+    pub lease_until: Timestamp,
+    /// The last checkpoint stored, if any.
+    pub checkpoint: Option<Vec<u8>>,
+}
+
+/// What [`Store::compact`](crate::Store::compact) did to the database file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Compacted {
+    /// The file's size before, in bytes.
+    pub bytes_before: u64,
+    /// The file's size after, in bytes.
+    pub bytes_after: u64,
+}
+
+impl Compacted {
+    /// Bytes given back to the file system.
+    pub fn reclaimed(&self) -> u64 {
+        self.bytes_before.saturating_sub(self.bytes_after)
+    }
+}
+
+/// How `forget` may remove a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forget {
+    /// An in-progress record, if it still has this fence: an operator who found out (by its
+    /// downstream key) that the abandoned attempt had no side effect gives the key back, and
+    /// a take-over in the meantime is not undone.
+    Fence(u64),
+    /// A completed record (or its tombstone), by force: the key can be used again for a new
+    /// request. An in-progress record is refused: its outcome is unknown.
+    Completed,
+}
