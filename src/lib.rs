@@ -60,76 +60,56 @@
 //!
 //! ## Layout
 //!
-//! - `scope`, `fingerprint`, `response`, `clock`: the values a caller builds.
-//! - `decision`: the state machine as pure functions of (record, request, now).
-//! - `record`: the record's byte layout.
-//! - `claim`, `store`, `tx`, `read`: the API.
-//! - `engine`: the redb file, the table registry, and the writer thread that runs every write
-//!   in groups (one transaction and one sync per group), with per-request write sets.
-//! - `error`: one error enum per operation.
-//! - `http` (feature `http`, on by default): the `Idempotency-Key` header as a tower/axum
-//!   middleware; the only place that knows HTTP statuses.
+//! Floors, top to bottom; a floor imports only the floors below it.
+//!
+//! - `http` (feature `http`): the `Idempotency-Key` header as tower/axum middleware, generic over
+//!   the protocol; the only place that knows HTTP statuses.
+//! - `protocol`: the claim protocol as traits, and what is written against them (`Completer`).
+//! - `api`: the facades a caller holds (`Store`, `Claim`, `Builder`); they build engine requests.
+//! - `engine`: one narrow interface (begin, commit, release, extend, checkpoint, evict, read,
+//!   stats, compact) over the writer thread, the overlay and the redb tables.
+//! - `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
+//! - `storage`: files and directories, the real ones and (feature `testing`) a faulty disk.
+//! - `model` and `error`: values (scope, fingerprint, record, response, clock, the state
+//!   machine's `decision`, limits) and the errors they raise; no I/O.
+//! - `testing` (feature `testing`): the crash harness and the conformance suite.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
 #![forbid(unsafe_code)]
 
-mod any_error;
-#[cfg(feature = "tokio")]
-mod async_api;
-mod begin;
-mod builder;
-mod claim;
-mod clock;
-#[cfg(feature = "tokio")]
-mod completer;
-mod config;
-mod decision;
+mod api;
 mod engine;
 mod error;
-mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-mod jitter;
-mod keep_alive;
-pub mod limits;
-mod maintenance;
+mod model;
 pub mod protocol;
-mod record;
-mod response;
-mod scope;
-mod stats;
 mod storage;
-mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wal;
 
-pub use any_error::Error;
-pub use builder::Builder;
-pub use claim::{Begin, Claim, CommitError};
-pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-#[cfg(feature = "tokio")]
-pub use completer::{Completer, CompleterTask, Round};
-pub use config::{Durability, LoosePermissions, SelfHeal, Sweep};
+pub use api::{Begin, Builder, Claim, CommitError, Error, KeepAlive, Store};
 pub use engine::{OwnedValue, ReadTx, Tx};
 pub use error::{
     BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, FingerprintError,
     ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim,
     StaleReason, StoreError, TxError, WriteError,
 };
-pub use fingerprint::Fingerprint;
-pub use keep_alive::KeepAlive;
-pub use limits::Limits;
-pub use maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};
+pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use model::config::{Durability, LooseFile, LoosePermissions, SelfHeal, Sweep};
+pub use model::fingerprint::Fingerprint;
+pub use model::limits::{self, Limits};
+pub use model::maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};
+pub use model::record::{Record, RecordState};
+pub use model::response::Response;
+pub use model::scope::{Scope, ScopePart};
+pub use model::stats::Stats;
+#[cfg(feature = "tokio")]
+pub use protocol::{Completer, CompleterTask, Round};
 #[cfg(feature = "tokio")]
 pub use protocol::{Protocol, ProtocolClaim};
-pub use record::{Record, RecordState};
-pub use response::Response;
-pub use scope::{Scope, ScopePart};
-pub use stats::Stats;
-pub use storage::LooseFile;
-pub use store::Store;
 pub use wal::RecoveryReport;
 
 /// redb, re-exported so that table definitions use the same version the store was built with.

@@ -34,7 +34,7 @@ impl Backoff {
             .map_or(self.first, |w| w.saturating_mul(2))
             .min(self.max);
         self.current = Some(wait);
-        let jitter = wait.mul_f64(crate::jitter::random_fraction() / 4.0);
+        let jitter = wait.mul_f64(crate::model::jitter::random_fraction() / 4.0);
         self.next = Instant::now().checked_add(wait.saturating_add(jitter));
     }
 

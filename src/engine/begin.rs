@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use crate::begin::Begin;
-use crate::clock::Timestamp;
-use crate::decision::decide;
 use crate::error::StoreError;
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::Scope;
+use crate::model::begin::Begin;
+use crate::model::clock::Timestamp;
+use crate::model::decision::decide;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::record::Record;
+use crate::model::scope::Scope;
 
 use super::Engine;
 use super::lifecycle::Held;

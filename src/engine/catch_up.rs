@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use redb::Database;
 
-use crate::config::{Config, Durability};
 use crate::error::{OpenError, RecoveryError};
+use crate::model::config::{Config, Durability};
 use crate::storage::{LogDir, Storage};
 use crate::wal::{self, Log, LogStart, RecoveryReport};
 

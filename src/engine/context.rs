@@ -2,8 +2,8 @@
 //! fence counter.
 
 use super::tx::Tx;
-use crate::clock::Timestamp;
-use crate::config::Config;
+use crate::model::clock::Timestamp;
+use crate::model::config::Config;
 
 use std::sync::Arc;
 

@@ -3,8 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::begin::Begin;
-use crate::stats::{GROUP_SIZE_BUCKETS, Stats};
+use crate::model::begin::Begin;
+use crate::model::stats::{GROUP_SIZE_BUCKETS, Stats};
 
 #[derive(Debug)]
 pub(crate) struct Counters {

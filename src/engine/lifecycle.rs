@@ -8,15 +8,15 @@ use std::ops::Bound;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::clock::Timestamp;
-use crate::decision::{self, Decision};
 use crate::error::{BoxError, ResponseError, StaleReason, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::maintenance::{Backlog, Evicted, Forget};
-use crate::record::{Record, RecordState};
-use crate::response::Response;
-use crate::scope::Scope;
+use crate::model::begin::Begin;
+use crate::model::clock::Timestamp;
+use crate::model::decision::{self, Decision};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::maintenance::{Backlog, Evicted, Forget};
+use crate::model::record::{Record, RecordState};
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 
 use super::context::Context;
 use super::job::{Keep, panic_message};

@@ -64,9 +64,9 @@ use std::thread::{JoinHandle, ThreadId};
 
 use parking_lot::Mutex;
 
-use crate::config::Config;
 use crate::error::OpenError;
-use crate::limits::Limits;
+use crate::model::config::Config;
+use crate::model::limits::Limits;
 use crate::storage::Storage;
 use crate::wal::RecoveryReport;
 
@@ -174,7 +174,7 @@ impl Engine {
 
     /// Starts the sweeper, if the settings ask for one.
     fn start_sweeper(self: &Arc<Self>) -> Result<(), OpenError> {
-        if let crate::config::Sweep::Every { interval, batch } = self.shared.config.sweep {
+        if let crate::model::config::Sweep::Every { interval, batch } = self.shared.config.sweep {
             let sweeper = sweeper::Sweeper::start(Arc::downgrade(self), interval, batch)
                 .map_err(OpenError::Thread)?;
             *self.sweeper.lock() = Some(sweeper);
@@ -211,7 +211,7 @@ impl Engine {
     /// Counts a refusal of a stale claim and says so in the log; the error to return.
     pub(crate) fn stale(
         &self,
-        scope: &crate::scope::Scope,
+        scope: &crate::model::scope::Scope,
         fence: u64,
         reason: crate::error::StaleReason,
     ) -> crate::error::StaleClaim {
@@ -262,7 +262,7 @@ fn check_permissions(storage: &Storage, config: &Config) -> Result<(), OpenError
     if loose.is_empty() {
         return Ok(());
     }
-    if config.loose_permissions == crate::config::LoosePermissions::Refuse {
+    if config.loose_permissions == crate::model::config::LoosePermissions::Refuse {
         return Err(OpenError::LoosePermissions { files: loose });
     }
     for file in &loose {
@@ -294,9 +294,9 @@ impl Drop for Engine {
 
 #[cfg(test)]
 mod tests {
-    use crate::clock::{ManualClock, Timestamp};
-    use crate::config::{SelfHeal, Sweep};
     use crate::error::StoreError;
+    use crate::model::clock::{ManualClock, Timestamp};
+    use crate::model::config::{SelfHeal, Sweep};
     use crate::{Begin, Fingerprint, Response, Scope, Store};
 
     /// While poisoned (here with self-heal off, so it stays so), a store answers everything

@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::clock::Timestamp;
 use crate::error::StoreError;
-use crate::fingerprint::Fingerprint;
-use crate::maintenance::{Evicted, Forget};
-use crate::record::Record;
-use crate::response::Response;
-use crate::scope::Scope;
+use crate::model::begin::Begin;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::maintenance::{Evicted, Forget};
+use crate::model::record::Record;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 
 use super::context::{Context, Needs};
 use super::job::{Keep, Work};

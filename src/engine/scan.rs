@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition};
 
-use crate::clock::Timestamp;
-use crate::config::Durability;
 use crate::error::StoreError;
-use crate::maintenance::Abandoned;
-use crate::record::{Record, RecordState, Visibility};
-use crate::scope::Scope;
-use crate::stats::Stats;
+use crate::model::clock::Timestamp;
+use crate::model::config::Durability;
+use crate::model::maintenance::Abandoned;
+use crate::model::record::{Record, RecordState, Visibility};
+use crate::model::scope::Scope;
+use crate::model::stats::Stats;
 
 use super::Engine;
 use super::overlay::Overlaid;

@@ -10,7 +10,7 @@ use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
 use super::Engine;
-use crate::maintenance::Backlog;
+use crate::model::maintenance::Backlog;
 
 /// Batches one tick may evict before it yields the writer to other work until the next tick.
 const MAX_BATCHES_PER_TICK: usize = 100;

@@ -5,10 +5,10 @@
 
 use redb::{Key, Value};
 
-use crate::clock::Timestamp;
 use crate::error::{BadTableReason, StoreError};
-use crate::record::Record;
-use crate::scope::Scope;
+use crate::model::clock::Timestamp;
+use crate::model::record::Record;
+use crate::model::scope::Scope;
 
 use super::registry::{Internal, Registry, TableId};
 

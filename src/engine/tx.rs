@@ -12,7 +12,7 @@ use std::ops::{Bound, RangeBounds};
 use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
 use crate::error::TxError;
-use crate::limits::MAX_REQUEST_BYTES;
+use crate::model::limits::MAX_REQUEST_BYTES;
 
 use super::open_tables::OpenTables;
 use super::registry::{RawEntries, Registry, TableId};
@@ -104,7 +104,7 @@ impl<'g> Tx<'g> {
     ///
     /// # Errors
     /// [`TxError`] if the table is not registered (or with other types), or if this request
-    /// has written more than [`MAX_REQUEST_BYTES`](crate::limits::MAX_REQUEST_BYTES).
+    /// has written more than [`MAX_REQUEST_BYTES`](crate::model::limits::MAX_REQUEST_BYTES).
     pub fn insert<'k, 'v, K: Key + 'static, V: Value + 'static>(
         &mut self,
         table: &TableDefinition<'_, K, V>,

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::error::{CompactError, StoreError};
-use crate::maintenance::{Compacted, Evicted};
+use crate::model::maintenance::{Compacted, Evicted};
 use crate::wal::RecoveryReport;
 
 use super::Engine;

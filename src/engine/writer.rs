@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 use redb::WriteTransaction;
 
 use super::tx::Tx;
-use crate::clock::Timestamp;
-use crate::config::{Durability, SelfHeal};
 use crate::error::StoreError;
+use crate::model::clock::Timestamp;
+use crate::model::config::{Durability, SelfHeal};
 use crate::storage::Storage;
 use crate::wal::{
     self, FailedOutcome, Handoff, Log, LogFailure, LogThread, RecoveryReport, Submission,

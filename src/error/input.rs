@@ -1,6 +1,6 @@
 //! Errors about what the caller passed in: scopes, fingerprints, responses, and records read back.
 
-use crate::scope::ScopePart;
+use crate::model::scope::ScopePart;
 
 /// A scope part is not acceptable. Nothing was read or written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

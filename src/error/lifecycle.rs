@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::{BoxError, ResponseError, StoreError};
-use crate::scope::Scope;
+use crate::model::scope::Scope;
 
 /// Why a claim no longer holds its scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -95,7 +95,7 @@ pub enum OpenError {
     )]
     LoosePermissions {
         /// Each loose path and its mode.
-        files: Vec<crate::LooseFile>,
+        files: Vec<crate::model::config::LooseFile>,
     },
     /// The writer thread could not be started.
     #[error("cannot start the writer thread: {0}")]

@@ -156,7 +156,7 @@ async fn store_streamed<E, C: ProtocolClaim>(
 /// fails, the claim is left in progress (a retry after the lease is a recovery).
 pub(crate) async fn store_in_place(
     claim: impl ProtocolClaim,
-    answer: crate::response::Response,
+    answer: crate::model::response::Response,
 ) -> Response<Body> {
     let first = convert::to_http(&answer, Delivery::First);
     if let Err(e) = claim.complete(answer).await {

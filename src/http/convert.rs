@@ -3,7 +3,7 @@
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::response::Response;
+use crate::model::response::Response;
 
 /// The header that marks a replayed response (Stripe's name).
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";

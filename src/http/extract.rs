@@ -13,12 +13,12 @@ use parking_lot::Mutex;
 
 use super::convert::{self, Delivery};
 use super::problem::problem;
-use crate::engine::Tx;
+use crate::Tx;
+use crate::api::store::Store;
 use crate::error::{BoxError, ClaimError, CommitError, ResponseError, StaleClaim, StoreError};
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::store::Store;
 
 /// Where the claim is between the middleware and the handler.
 enum Slot<C> {

@@ -13,8 +13,8 @@ use tower::Layer;
 use super::outage::Outage;
 use super::request::{Fingerprinting, QueryPart};
 use super::service::IdempotencyService;
+use crate::api::store::Store;
 use crate::protocol::Protocol;
-use crate::store::Store;
 
 /// The authenticated tenant of a request, as the application's authentication layer records it
 /// in the request's extensions (`request.extensions_mut().insert(Tenant(account_id))`).

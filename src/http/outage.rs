@@ -53,7 +53,7 @@ impl Outage {
             };
         let lasted = Duration::from_millis(now.saturating_sub(since));
         let base = (lasted.as_secs() / 2).clamp(FIRST, LONGEST);
-        let jitter = (base as f64 * crate::jitter::random_fraction()).round() as u64;
+        let jitter = (base as f64 * crate::model::jitter::random_fraction()).round() as u64;
         Duration::from_secs((base + jitter).min(LONGEST))
     }
 }

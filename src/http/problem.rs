@@ -5,8 +5,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{HeaderValue, Response, StatusCode, header};
 
-use crate::clock::Timestamp;
 use crate::error::StoreError;
+use crate::model::clock::Timestamp;
 
 /// A problem answer: `type` is a URN naming the case, `title` says what it is, `detail` what
 /// happened and what to do.
@@ -206,7 +206,7 @@ pub(crate) fn handler_lost() -> Response<Body> {
 /// The 500 stored in place of a handler's response that cannot be stored (over the store's
 /// size limits, or a body that failed while it was read): the handler ran, so a retry must get
 /// a fixed answer rather than run it again.
-pub(crate) fn response_not_stored(limit: usize) -> crate::response::Response {
+pub(crate) fn response_not_stored(limit: usize) -> crate::model::response::Response {
     let status = StatusCode::INTERNAL_SERVER_ERROR;
     let body = problem_body(
         status,
@@ -216,7 +216,7 @@ pub(crate) fn response_not_stored(limit: usize) -> crate::response::Response {
             "the handler's response is over the {limit} bytes a stored response may hold (body and headers), or its body failed while it was read; this answer is kept in its place, so a retry with the same key gets it and does not run the request again. Look the result up another way; the service's operator can raise the store's max_response_bytes"
         ),
     );
-    crate::response::Response::new(status.as_u16(), body.into_bytes())
+    crate::model::response::Response::new(status.as_u16(), body.into_bytes())
         .with_header(header::CONTENT_TYPE.as_str(), PROBLEM_JSON)
 }
 

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderName, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use super::jcs;
-use crate::fingerprint::Fingerprint;
+use crate::model::fingerprint::Fingerprint;
 
 /// Why a body could not be buffered.
 #[derive(Debug)]

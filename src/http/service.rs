@@ -20,11 +20,11 @@ use super::key::{KeyHeader, read_key};
 use super::layer::{KeyPolicy, Settings};
 use super::problem;
 use super::request::{self, BodyProblem};
-use crate::claim::Begin;
+use crate::api::claim::Begin;
+use crate::api::store::Store;
 use crate::error::BoxError;
+use crate::model::scope::{Scope, ScopePart};
 use crate::protocol::Protocol;
-use crate::scope::{Scope, ScopePart};
-use crate::store::Store;
 
 /// The [`IdempotencyLayer`](super::IdempotencyLayer)'s service around an inner service.
 #[derive(Clone)]

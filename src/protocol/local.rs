@@ -3,17 +3,17 @@
 use std::time::Duration;
 
 use super::traits::{Protocol, ProtocolClaim};
-use crate::claim::{Begin, Claim, CommitError};
-use crate::clock::Timestamp;
+use crate::api::claim::{Begin, Claim, CommitError};
+use crate::api::keep_alive::KeepAlive;
+use crate::api::store::Store;
 use crate::error::{ClaimError, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::keep_alive::KeepAlive;
-use crate::limits::Limits;
-use crate::maintenance::{Abandoned, Evicted};
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::stats::Stats;
-use crate::store::Store;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::Limits;
+use crate::model::maintenance::{Abandoned, Evicted};
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+use crate::model::stats::Stats;
 
 /// Runs blocking reads off the runtime's workers.
 async fn blocking<T: Send + 'static>(

@@ -22,13 +22,17 @@
 //! its inherent methods of the same names (`Store::begin`, `Claim::release`) are the blocking
 //! ones, and a call that means the async one fails to compile rather than block.
 
-pub use crate::begin::Begin;
 pub use crate::error::CommitError;
+pub use crate::model::begin::Begin;
 
+#[cfg(feature = "tokio")]
+mod completer;
 #[cfg(feature = "tokio")]
 mod local;
 #[cfg(feature = "tokio")]
 mod traits;
 
+#[cfg(feature = "tokio")]
+pub use self::completer::{Completer, CompleterTask, Round};
 #[cfg(feature = "tokio")]
 pub use self::traits::{Protocol, ProtocolClaim};

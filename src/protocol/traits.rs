@@ -4,16 +4,16 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::begin::Begin;
-use crate::clock::Timestamp;
+use crate::api::keep_alive::KeepAlive;
 use crate::error::{ClaimError, CommitError, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::keep_alive::KeepAlive;
-use crate::limits::Limits;
-use crate::maintenance::{Abandoned, Evicted};
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::stats::Stats;
+use crate::model::begin::Begin;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::Limits;
+use crate::model::maintenance::{Abandoned, Evicted};
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+use crate::model::stats::Stats;
 
 /// The store side of the claim protocol: see the module docs and the state machine in the
 /// crate docs.

@@ -14,20 +14,11 @@ use std::path::{Path, PathBuf};
 use redb::{Database, DatabaseError};
 
 use crate::error::OpenError;
+use crate::model::config::LooseFile;
 
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
-
-/// A file or directory of the store that users other than its owner may read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct LooseFile {
-    /// The path.
-    pub path: PathBuf,
-    /// Its permission bits (for example `0o644`).
-    pub mode: u32,
-}
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";

@@ -24,16 +24,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use crate::claim::Begin;
-use crate::clock::{Clock, ManualClock, Timestamp};
-use crate::config::{Durability, Sweep};
+use crate::api::claim::Begin;
+use crate::api::store::Store;
 use crate::error::{BoxError, ClaimError, CommitError, StaleClaim};
-use crate::fingerprint::Fingerprint;
-use crate::maintenance::Backlog;
+use crate::model::clock::{Clock, ManualClock, Timestamp};
+use crate::model::config::{Durability, Sweep};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::maintenance::Backlog;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::store::Store;
 
 /// What a case asks of the backend it opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

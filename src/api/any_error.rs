@@ -2,7 +2,7 @@
 //! operation (`?` into one type). It names the local store's claim (a commit error carries it),
 //! so it lives above the engine, apart from the errors the engine returns.
 
-use crate::claim::CommitError;
+use crate::api::claim::CommitError;
 use crate::error::{
     ClaimError, CompactError, FingerprintError, OpenError, ReadError, ScopeError, StoreError,
     TxError, WriteError,

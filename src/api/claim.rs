@@ -5,20 +5,20 @@ use std::fmt;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use crate::clock::Timestamp;
+use crate::api::store::Store;
 use crate::engine::{CommitRefusal, Extension, Held, Refusal, Request, Tx, UserFailure, request};
 use crate::error::{BoxError, ClaimError, StaleClaim, StaleReason, StoreError};
-use crate::fingerprint::Fingerprint;
-use crate::limits::MAX_LEASE;
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::store::Store;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::MAX_LEASE;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 
 const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
 
-/// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::begin::Begin) for each case. The
+/// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::model::begin::Begin) for each case. The
 /// default claim is the local store's.
-pub type Begin<C = Claim> = crate::begin::Begin<C>;
+pub type Begin<C = Claim> = crate::model::begin::Begin<C>;
 
 /// `commit` (or `complete`) did not store the response: see
 /// [`CommitError`](enum@crate::protocol::CommitError) for each case. The default claim is the

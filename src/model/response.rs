@@ -4,7 +4,7 @@
 //! HTTP adapter decides what they mean.
 
 use crate::error::ResponseError;
-use crate::limits::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS};
+use crate::model::limits::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS};
 
 /// What the first attempt answered: a status, a small list of headers and a body.
 ///

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::clock::Timestamp;
-use crate::decision::Decision;
-use crate::response::Response;
+use crate::model::clock::Timestamp;
+use crate::model::decision::Decision;
+use crate::model::response::Response;
 
 /// The outcome of `begin`: one atomic decision per call.
 ///

@@ -4,7 +4,7 @@
 //! This module owns the canonical encoding and the hash. It must never depend on anything that
 //! varies between runs (hash-map order, addresses, time).
 
-use crate::limits::FINGERPRINT_LEN;
+use crate::model::limits::FINGERPRINT_LEN;
 use std::fmt;
 
 use serde::Serialize;

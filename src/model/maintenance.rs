@@ -2,9 +2,9 @@
 //! abandoned-work listing, an operator's removal, a compaction. Plain values, the same from
 //! every backend.
 
-use crate::clock::Timestamp;
-use crate::fingerprint::Fingerprint;
-use crate::scope::Scope;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::scope::Scope;
 
 /// What one eviction pass did, and whether more is waiting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,14 +1,15 @@
 //! The store's settings, validated once at open.
 
-use crate::limits::{
+use crate::model::limits::{
     MAX_BATCH, MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_SEGMENT_BYTES, MAX_TTL,
     MIN_SEGMENT_BYTES,
 };
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
 use crate::error::OpenError;
+use crate::model::clock::{Clock, SystemClock};
 
 /// How a group of requests is made durable before anyone hears of it.
 ///
@@ -233,4 +234,14 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A file or directory of the store that users other than its owner may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LooseFile {
+    /// The path.
+    pub path: PathBuf,
+    /// Its permission bits (for example `0o644`).
+    pub mode: u32,
 }

@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use redb::{Key, TableDefinition, TableHandle, Value};
 
-use crate::clock::Clock;
-use crate::config::{Config, Durability, LoosePermissions, SelfHeal, Sweep};
+use crate::api::store::Store;
 use crate::engine::Tables;
 use crate::error::OpenError;
+use crate::model::clock::Clock;
+use crate::model::config::{Config, Durability, LoosePermissions, SelfHeal, Sweep};
 use crate::storage::Storage;
-use crate::store::Store;
 
 /// Settings for [`Store::open`](crate::Store::open). Every setting is checked at `open`; an
 /// invalid one is an [`OpenError::InvalidConfig`], never a panic later.

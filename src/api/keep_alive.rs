@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::claim::{Claim, LeaseHandle, Renewed};
+use crate::api::claim::{Claim, LeaseHandle, Renewed};
 
 /// Renews a claim's lease in the background until it is dropped, or until the claim is
 /// finished: committed, released, dropped, or taken over by another attempt.

@@ -12,16 +12,16 @@
 
 use std::time::Duration;
 
-use crate::claim::Begin;
-use crate::claim::Claim;
-use crate::claim::CommitError;
+use crate::api::claim::Begin;
+use crate::api::claim::Claim;
+use crate::api::claim::CommitError;
+use crate::api::store::{Store, written};
 use crate::engine::{Tx, request};
 use crate::error::{BoxError, ClaimError, StoreError, WriteError};
-use crate::fingerprint::Fingerprint;
-use crate::maintenance::Evicted;
-use crate::response::Response;
-use crate::scope::Scope;
-use crate::store::{Store, written};
+use crate::model::fingerprint::Fingerprint;
+use crate::model::maintenance::Evicted;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
 
 impl Store {
     /// [`Store::begin`] for async callers.

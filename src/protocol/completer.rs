@@ -20,11 +20,11 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::claim::Begin;
+use crate::api::claim::Begin;
+use crate::api::store::Store;
 use crate::error::{BoxError, StoreError};
+use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
-use crate::scope::Scope;
-use crate::store::Store;
 
 /// What a completion function returns.
 type Completion = Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>>;

@@ -77,5 +77,5 @@ pub struct Stats {
     pub restores: u64,
     /// The store's files and directories that other users may read (they should be `0700`
     /// and `0600`: stored responses are private).
-    pub loose_permissions: Vec<crate::LooseFile>,
+    pub loose_permissions: Vec<crate::model::config::LooseFile>,
 }

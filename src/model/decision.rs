@@ -6,11 +6,11 @@
 
 use std::time::Duration;
 
-use crate::clock::Timestamp;
 use crate::error::StaleReason;
-use crate::fingerprint::Fingerprint;
-use crate::record::{Record, RecordState, Visibility};
-use crate::response::Response;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::record::{Record, RecordState, Visibility};
+use crate::model::response::Response;
 
 /// What `begin` must do, decided from the stored record alone, with what it decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,11 +4,11 @@
 //! version byte first). Decoding never trusts lengths: a truncated or padded record is an error
 //! naming what is wrong, never a panic.
 
-use crate::clock::Timestamp;
 use crate::error::CorruptRecord;
-use crate::fingerprint::Fingerprint;
-use crate::limits::FINGERPRINT_LEN;
-use crate::response::Response;
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::FINGERPRINT_LEN;
+use crate::model::response::Response;
 
 /// The record format this build writes and reads.
 pub(crate) const RECORD_VERSION: u8 = 1;

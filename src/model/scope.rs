@@ -3,7 +3,7 @@
 //! This module owns validation and the byte encoding used as the records table's key. It must
 //! never accept a part that could make two different scopes encode to the same bytes.
 
-use crate::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
+use crate::model::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
 use std::fmt;
 
 use crate::error::ScopeError;

@@ -6,18 +6,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::Builder;
-use crate::claim::Begin;
-use crate::claim::Claim;
-use crate::config::Config;
+use crate::api::builder::Builder;
+use crate::api::claim::Begin;
+use crate::api::claim::Claim;
 use crate::engine::{Engine, ForgetRefusal, Held, ReadTx, Tables, Tx, UserFailure, request};
 use crate::error::{BoxError, CompactError, ForgetError, OpenError, StoreError, WriteError};
-use crate::fingerprint::Fingerprint;
-use crate::limits::Limits;
-use crate::maintenance::{Abandoned, Compacted, Evicted, Forget};
-use crate::record::Record;
-use crate::scope::Scope;
-use crate::stats::Stats;
+use crate::model::config::Config;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::Limits;
+use crate::model::maintenance::{Abandoned, Compacted, Evicted, Forget};
+use crate::model::record::Record;
+use crate::model::scope::Scope;
+use crate::model::stats::Stats;
 use crate::storage::Storage;
 use crate::wal::RecoveryReport;
 

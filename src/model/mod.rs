@@ -1,0 +1,16 @@
+//! The values: what a caller builds, what the state machine decides on, and what it answers.
+//!
+//! Nothing here does I/O or knows the engine; every other floor may import this one.
+
+pub(crate) mod begin;
+pub(crate) mod clock;
+pub(crate) mod config;
+pub(crate) mod decision;
+pub(crate) mod fingerprint;
+pub(crate) mod jitter;
+pub mod limits;
+pub(crate) mod maintenance;
+pub(crate) mod record;
+pub(crate) mod response;
+pub(crate) mod scope;
+pub(crate) mod stats;
