@@ -166,9 +166,10 @@ fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -
         .find(|f| f.starts_with("wal/seg-"))
         .ok_or("no log segment")?;
     let mut bytes = image.file(&segment).ok_or("segment vanished")?;
-    // A byte inside the second frame's payload (frames start at 64; the first is a claim).
-    let second = 64 + 16 + u32::from_le_bytes(bytes[64..68].try_into()?) as usize;
-    bytes[second + 20] ^= 0x5a;
+    // A byte inside the second frame's payload (frames start at 64, each with a 20-byte
+    // header; the first is a claim).
+    let second = 64 + 20 + u32::from_le_bytes(bytes[64..68].try_into()?) as usize;
+    bytes[second + 24] ^= 0x5a;
     image.set_file(&segment, bytes);
 
     let err = open(&image, &clock).err().ok_or("a damaged log opened")?;
@@ -188,6 +189,38 @@ fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -
             .contains("restore the store directory from a backup"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn a_log_in_another_format_is_refused_and_left_as_it_is() -> TestResult {
+    let (image, clock) = crashed_after_one_order()?;
+    let segment = image
+        .files()
+        .into_iter()
+        .find(|f| f.starts_with("wal/seg-"))
+        .ok_or("no log segment")?;
+    let mut bytes = image.file(&segment).ok_or("segment vanished")?;
+    // The header as format 1 wrote it: version 1, its CRC recomputed.
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[0..32]);
+    bytes[32..36].copy_from_slice(&crc.to_le_bytes());
+    image.set_file(&segment, bytes.clone());
+
+    let err = open(&image, &clock).err().ok_or("a format-1 log opened")?;
+    assert!(
+        matches!(
+            err,
+            OpenError::Recovery(RecoveryError::OtherFormat {
+                found: 1,
+                supported: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("close it cleanly"), "{err}");
+    assert_eq!(image.file(&segment), Some(bytes), "the segment was changed");
     Ok(())
 }
 

@@ -40,6 +40,18 @@ pub enum RecoveryError {
         /// The first frame it found.
         found: u64,
     },
+    /// A segment is in a log format this build does not read.
+    #[error(
+        "the log segment {segment} is in log format {found}, and this build reads format {supported}. Nothing was changed. Open the store with the idemstore version that wrote it and close it cleanly (a clean close checkpoints the whole log into the database file); then remove the segment files from the log directory, and this build opens the store"
+    )]
+    OtherFormat {
+        /// The segment file.
+        segment: PathBuf,
+        /// The format its header names.
+        found: u32,
+        /// The format this build reads and writes.
+        supported: u32,
+    },
     /// A frame writes a table that is not registered.
     #[error(
         "the log writes table {table:?} (frame {seq} in {segment} at offset {offset}), which is not registered; register it with Builder::table, with the key and value types it had, and reopen"

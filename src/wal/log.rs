@@ -248,7 +248,7 @@ impl Log {
     }
 
     /// Appends one frame and syncs it. Returns its sequence number; the frame's size on disk is
-    /// 16 bytes more than the payload.
+    /// [`FRAME_HEADER_LEN`] (20) bytes more than the payload.
     pub(crate) fn append(&mut self, payload: &[u8]) -> Result<u64, AppendError> {
         if payload.is_empty() || payload.len() > MAX_PAYLOAD {
             return Err(AppendError::NotWritten(io::Error::new(

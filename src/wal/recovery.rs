@@ -13,7 +13,8 @@ use crate::error::RecoveryError;
 use crate::storage::{LogDir, LogFile};
 
 use super::format::{
-    FRAME_HEADER_LEN, HEADER_LEN, SegmentHeader, Stop, damaged_len, frame_at, later_frame, scan,
+    FRAME_HEADER_LEN, HEADER_LEN, HeaderProblem, LOG_VERSION, SegmentHeader, Stop, damaged_len,
+    frame_at, later_frame, scan,
 };
 use super::log::{FreeFile, LiveFile, LogStart, segment_index};
 
@@ -167,7 +168,21 @@ fn read_headers(dir: &dyn LogDir, dir_path: &Path) -> Result<(Vec<Candidate>, u6
         let mut head = [0u8; HEADER_LEN];
         let header = if file.len().map_err(io(dir_path, &name))? >= HEADER_LEN as u64 {
             file.read_at(0, &mut head).map_err(io(dir_path, &name))?;
-            SegmentHeader::decode(&head).ok()
+            match SegmentHeader::decode(&head) {
+                Ok(header) => Some(header),
+                // Taking it for a free file would overwrite frames this build cannot read.
+                Err(HeaderProblem::Version(found)) => {
+                    return Err(RecoveryError::OtherFormat {
+                        segment: dir_path.join(&name),
+                        found,
+                        supported: LOG_VERSION,
+                    });
+                }
+                // Torn before its first sync or while rewritten for reuse: it holds nothing.
+                Err(
+                    HeaderProblem::Short | HeaderProblem::NotALogSegment | HeaderProblem::Checksum,
+                ) => None,
+            }
         } else {
             None
         };
