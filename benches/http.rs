@@ -158,7 +158,7 @@ fn replay(c: &mut Criterion) {
         .open(dir.path().join("idem"))
         .expect("open");
     let app = app(&store);
-    rt.block_on(through_layer(&app, "done"));
+    rt.block_on(through_layer(&app, "done-through-layer"));
     rt.block_on(direct(&store, "done-direct"));
     let mut group = c.benchmark_group("replay");
     group.throughput(Throughput::Elements(1));
@@ -170,7 +170,7 @@ fn replay(c: &mut Criterion) {
             rt.block_on(async {
                 let response = app
                     .clone()
-                    .oneshot(request("done"))
+                    .oneshot(request("done-through-layer"))
                     .await
                     .expect("infallible");
                 assert!(response.headers().contains_key("idempotent-replayed"));

@@ -93,12 +93,13 @@ mod wal;
 pub use api::{Begin, Builder, Claim, CommitError, Error, KeepAlive, Store};
 pub use engine::{OwnedValue, ReadTx, Tx};
 pub use error::{
-    BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, FingerprintError,
-    ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError, StaleClaim,
-    StaleReason, StoreError, TxError, WriteError,
+    BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
+    FingerprintError, ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError,
+    StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use model::config::{Durability, LooseFile, LoosePermissions, SelfHeal, Sweep};
+pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};
 pub use model::maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idemstore::redb::TableDefinition;
-use idemstore::{Begin, Fingerprint, Response, Scope, Store};
+use idemstore::{Begin, Execution, Fingerprint, Response, Scope, Store};
 
 /// The business table every pair writes its row to.
 pub const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
@@ -36,6 +36,22 @@ pub fn pair(store: &Store, scope: &Scope) {
             Ok(Response::new(201, BODY.to_vec()))
         })
         .expect("commit");
+}
+
+/// The same request as [`pair`] in one step (`Store::execute`): the work is local.
+pub fn execute(store: &Store, scope: &Scope) {
+    let key = scope.key().to_owned();
+    let fingerprint = Fingerprint::of_bytes(key.as_bytes());
+    let done = store
+        .execute(scope, fingerprint, move |tx| {
+            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
+            Ok(Response::new(201, BODY.to_vec()))
+        })
+        .expect("execute");
+    assert!(
+        matches!(done, Execution::Executed(_)),
+        "{scope} was not new"
+    );
 }
 
 /// `count` pairs from `threads` client threads, client `t` as tenant `t % 16` and the `i`th

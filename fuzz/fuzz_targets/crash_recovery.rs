@@ -26,6 +26,7 @@ enum FuzzFault {
 enum FuzzOp {
     Begin { key: u8, other_request: bool },
     Commit { key: u8, rows: u8, abort: bool },
+    Execute { key: u8, other_request: bool, rows: u8, abort: bool },
     Release { key: u8 },
     Extend { key: u8, secs: u8 },
     Checkpoint { key: u8 },
@@ -52,6 +53,17 @@ impl FuzzOp {
             },
             FuzzOp::Commit { key, rows, abort } => CrashOp::Commit {
                 key: key % KEYS,
+                rows: rows % 4,
+                abort,
+            },
+            FuzzOp::Execute {
+                key,
+                other_request,
+                rows,
+                abort,
+            } => CrashOp::Execute {
+                key: key % KEYS,
+                other_request,
                 rows: rows % 4,
                 abort,
             },

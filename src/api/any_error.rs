@@ -4,8 +4,8 @@
 
 use crate::api::claim::CommitError;
 use crate::error::{
-    ClaimError, CompactError, FingerprintError, OpenError, ReadError, ScopeError, StoreError,
-    TxError, WriteError,
+    ClaimError, CompactError, ExecuteError, FingerprintError, OpenError, ReadError, ScopeError,
+    StoreError, TxError, WriteError,
 };
 
 /// Any error this crate returns, for callers that do not branch on the operation.
@@ -24,6 +24,9 @@ pub enum Error {
     /// See [`CommitError`].
     #[error(transparent)]
     Commit(#[from] CommitError),
+    /// See [`ExecuteError`].
+    #[error(transparent)]
+    Execute(#[from] ExecuteError),
     /// See [`ClaimError`].
     #[error(transparent)]
     Claim(#[from] ClaimError),

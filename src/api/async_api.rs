@@ -17,7 +17,8 @@ use crate::api::claim::Claim;
 use crate::api::claim::CommitError;
 use crate::api::store::{Store, written};
 use crate::engine::{Tx, request};
-use crate::error::{BoxError, ClaimError, StoreError, WriteError};
+use crate::error::{BoxError, ClaimError, ExecuteError, StoreError, WriteError};
+use crate::model::execution::Execution;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::maintenance::Evicted;
 use crate::model::response::Response;
@@ -53,6 +54,27 @@ impl Store {
             .begin_or_wait_async(scope, fingerprint, max_wait)
             .await?;
         Ok(self.bind(scope, fingerprint, begun))
+    }
+
+    /// [`Store::execute`] for async callers: the closure runs on the writer thread, never on
+    /// a runtime worker.
+    ///
+    /// # Errors
+    /// As [`Store::execute`].
+    pub async fn execute_async<F>(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Execution, ExecuteError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
+        let begun = self
+            .engine()
+            .execute_async(scope, fingerprint, Box::new(work))
+            .await?;
+        Ok(Execution::from_begin(begun))
     }
 
     /// [`Store::write`] for async callers.

@@ -10,12 +10,16 @@ use crate::api::builder::Builder;
 use crate::api::claim::Begin;
 use crate::api::claim::Claim;
 use crate::engine::{Engine, ForgetRefusal, Held, ReadTx, Tables, Tx, UserFailure, request};
-use crate::error::{BoxError, CompactError, ForgetError, OpenError, StoreError, WriteError};
+use crate::error::{
+    BoxError, CompactError, ExecuteError, ForgetError, OpenError, StoreError, WriteError,
+};
 use crate::model::config::Config;
+use crate::model::execution::Execution;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
 use crate::model::maintenance::{Abandoned, Compacted, Evicted, Forget};
 use crate::model::record::Record;
+use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 use crate::storage::Storage;
@@ -124,6 +128,39 @@ impl Store {
     ) -> Result<Begin, StoreError> {
         let begun = self.engine().begin_or_wait(scope, fingerprint, max_wait)?;
         Ok(self.bind(scope, fingerprint, begun))
+    }
+
+    /// Claims and commits in one step, for work that touches nothing outside this store: the
+    /// closure runs on the writer, inside the transaction that stores its response as the
+    /// completed record, so the pair costs one log frame and one sync instead of two.
+    ///
+    /// A duplicate gets [`Execution::Replay`], [`Execution::InProgress`] (a two-phase
+    /// claim holds the key), [`Execution::Mismatch`] or [`Execution::Expired`], exactly as
+    /// [`Store::begin`] would answer; the closure then does not run. No in-progress record is
+    /// ever stored: if the process dies, or the closure fails, nothing of the request was
+    /// written, and the retry runs it again.
+    ///
+    /// **Not for work with an external side effect.** A payment call, an email, a message
+    /// sent from inside the closure would not be covered: there is no claim while it runs, so a
+    /// crash before the commit forgets that it happened and the retry does it again. Use
+    /// [`Store::begin`] and [`Claim::commit`](crate::Claim::commit) for that. The closure runs
+    /// on the writer thread, as a commit closure does (see `docs/design.md`, "What a closure
+    /// must not do").
+    ///
+    /// # Errors
+    /// [`ExecuteError`]: the closure failed or panicked, its response was refused, or storage
+    /// failed. In every case nothing of the request was written and the key is not held.
+    pub fn execute<F>(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        work: F,
+    ) -> Result<Execution, ExecuteError>
+    where
+        F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
+    {
+        let begun = self.engine().execute(scope, fingerprint, Box::new(work))?;
+        Ok(Execution::from_begin(begun))
     }
 
     /// The record of `scope` as `begin` sees it now: `None` if absent or past its TTL (and

@@ -3,16 +3,17 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::StoreError;
+use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
 use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::record::Record;
+use crate::model::response::Response;
 use crate::model::scope::Scope;
 
 use super::Engine;
-use super::lifecycle::Held;
+use super::lifecycle::{Held, UserWork};
 use super::requests;
 
 /// The longest `begin_or_wait` waits when asked for more than the clock can represent.
@@ -22,6 +23,16 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 fn begin_span(scope: &Scope) -> tracing::Span {
     tracing::debug_span!(
         "idemstore.begin",
+        tenant = scope.tenant(),
+        operation = scope.operation(),
+        key = scope.key(),
+    )
+}
+
+/// The span every `execute` runs in.
+fn execute_span(scope: &Scope) -> tracing::Span {
+    tracing::debug_span!(
+        "idemstore.execute",
         tenant = scope.tenant(),
         operation = scope.operation(),
         key = scope.key(),
@@ -82,6 +93,76 @@ impl Engine {
         .await;
         let _entered = span.enter();
         self.answered(answer)
+    }
+
+    /// Claims and commits in one writer step: `work` runs only when `begin` would have claimed
+    /// (or taken over), inside the transaction that stores its response as the completed
+    /// record. Every other answer comes from the read path, as `begin`'s does.
+    pub(crate) fn execute(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        work: UserWork<Response>,
+    ) -> Result<Begin<Response>, ExecuteError> {
+        let span = execute_span(scope);
+        let _entered = span.enter();
+        let answer = match self.read_path(scope, fingerprint)? {
+            Some(answer) => Ok(answer),
+            None => self.run(requests::execute(scope.clone(), fingerprint, work))?,
+        };
+        self.executed(answer)
+    }
+
+    /// [`Engine::execute`] for async callers.
+    #[cfg(feature = "tokio")]
+    pub(crate) async fn execute_async(
+        self: &std::sync::Arc<Self>,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        work: UserWork<Response>,
+    ) -> Result<Begin<Response>, ExecuteError> {
+        let span = execute_span(scope);
+        let read = match self.try_read_path(scope, fingerprint) {
+            Some(read) => read?,
+            None => {
+                let (engine, scope) = (self.clone(), scope.clone());
+                tokio::task::spawn_blocking(move || engine.read_path(&scope, fingerprint))
+                    .await
+                    .map_err(|e| StoreError::Internal {
+                        message: format!("a blocking read failed to run: {e}"),
+                    })??
+            }
+        };
+        let answer = match read {
+            Some(answer) => Ok(answer),
+            None => {
+                self.run_async(requests::execute(scope.clone(), fingerprint, work))
+                    .await?
+            }
+        };
+        let _entered = span.enter();
+        self.executed(answer)
+    }
+
+    /// Counts and traces an `execute` answer.
+    fn executed(
+        &self,
+        answer: Result<Begin<Response>, ExecuteError>,
+    ) -> Result<Begin<Response>, ExecuteError> {
+        match &answer {
+            Ok(begun) => {
+                self.shared.counters.answered(begun);
+                let status = match begun {
+                    Begin::Claimed(response)
+                    | Begin::Recovered(response)
+                    | Begin::Replay(response) => Some(response.status()),
+                    _ => None,
+                };
+                tracing::debug!(outcome = begun.outcome(), status);
+            }
+            Err(e) => tracing::debug!(error = %e, "execute stored nothing"),
+        }
+        answer
     }
 
     /// Like [`Engine::begin`], but when the scope is held by a live claim *of this process*,
@@ -145,11 +226,11 @@ impl Engine {
 
     /// `begin`'s first step, from a read transaction: the answer if it writes nothing, `None`
     /// if the writer must decide.
-    fn read_path(
+    fn read_path<C>(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
-    ) -> Result<Option<Begin<Held>>, StoreError> {
+    ) -> Result<Option<Begin<C>>, StoreError> {
         let now = self.shared.config.clock.now();
         let existing = self.read_record(scope)?;
         Ok(self.without_writing(existing, fingerprint, now))
@@ -157,11 +238,11 @@ impl Engine {
 
     /// [`Engine::read_path`] if it can run without waiting for a compaction to finish.
     #[cfg(feature = "tokio")]
-    pub(super) fn try_read_path(
+    pub(super) fn try_read_path<C>(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
-    ) -> Option<Result<Option<Begin<Held>>, StoreError>> {
+    ) -> Option<Result<Option<Begin<C>>, StoreError>> {
         let now = self.shared.config.clock.now();
         let existing = self.try_read_record(scope)?;
         Some(existing.map(|existing| self.without_writing(existing, fingerprint, now)))
@@ -170,12 +251,12 @@ impl Engine {
     /// What `begin` answers from the record it read, or `None`: a claim or a take-over, which
     /// the writer decides again inside its transaction, where racing claims for the same scope
     /// are serialised and exactly one wins.
-    fn without_writing(
+    fn without_writing<C>(
         &self,
         existing: Option<Record>,
         fingerprint: Fingerprint,
         now: Timestamp,
-    ) -> Option<Begin<Held>> {
+    ) -> Option<Begin<C>> {
         let decided = decide(
             existing.as_ref(),
             &fingerprint,

@@ -8,7 +8,7 @@ use std::ops::Bound;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Duration;
 
-use crate::error::{BoxError, ResponseError, StaleReason, StoreError};
+use crate::error::{BoxError, ExecuteError, ResponseError, StaleReason, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
 use crate::model::decision::{self, Decision};
@@ -143,37 +143,117 @@ pub(crate) fn begin(
     scope: &Scope,
     fingerprint: Fingerprint,
 ) -> (Keep, Result<Begin<Held>, StoreError>) {
-    let existing = match read_record(tx, ctx, scope) {
-        Ok(existing) => existing,
+    let granted = match grant(tx, ctx, scope, fingerprint) {
+        Ok(Ok(granted)) => granted,
+        Ok(Err(answer)) => return (Keep::Nothing, Ok(answer)),
         Err(e) => return (Keep::Nothing, Err(e)),
     };
+    write_record(
+        tx,
+        ctx,
+        scope,
+        granted.previous.as_ref(),
+        Some(&granted.record),
+    );
+    let held = Held::of(
+        &granted.record,
+        HoldToken::new(ctx.watchers, scope.encode()),
+    );
+    (Keep::Writes, Ok(granted.kind.answer(held)))
+}
+
+/// `execute`: claim and commit in one step, for work that never leaves the process. The
+/// in-progress record is never written: if the closure fails, nothing of the request is, and
+/// the key stays as it was.
+pub(crate) fn execute(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fingerprint: Fingerprint,
+    work: UserWork<Response>,
+) -> (Keep, Result<Begin<Response>, ExecuteError>) {
+    let granted = match grant(tx, ctx, scope, fingerprint) {
+        Ok(Ok(granted)) => granted,
+        Ok(Err(answer)) => return (Keep::Nothing, Ok(answer)),
+        Err(e) => return (Keep::Nothing, Err(e.into())),
+    };
+    let response = match run_user(tx, work) {
+        Ok(response) => response,
+        Err(UserFailure::Aborted(e)) => return (Keep::Nothing, Err(ExecuteError::Aborted(e))),
+        Err(UserFailure::Panicked(m)) => return (Keep::Nothing, Err(ExecuteError::Panicked(m))),
+    };
+    if let Err(e) = response.validate(ctx.config.max_response_bytes) {
+        return (Keep::Nothing, Err(ExecuteError::InvalidResponse(e)));
+    }
+    let done = decision::completed(&granted.record, response.clone(), ctx.now, ctx.config.ttl);
+    write_record(tx, ctx, scope, granted.previous.as_ref(), Some(&done));
+    (Keep::Writes, Ok(granted.kind.answer(response)))
+}
+
+/// A claim the writer decided to grant, not yet written.
+struct Granted {
+    /// The record it replaces (a take-over's expired claim, a completed record past its TTL).
+    previous: Option<Record>,
+    /// The in-progress record of the new claim, with its fence allocated.
+    record: Record,
+    kind: Grant,
+}
+
+/// Whether a granted claim is a first attempt or a recovery.
+#[derive(Debug, Clone, Copy)]
+enum Grant {
+    First,
+    TakeOver,
+}
+
+impl Grant {
+    fn answer<C>(self, claim: C) -> Begin<C> {
+        match self {
+            Grant::First => Begin::Claimed(claim),
+            Grant::TakeOver => Begin::Recovered(claim),
+        }
+    }
+}
+
+/// Reads the scope's record and decides: a claim to grant, or the answer of a decision that
+/// writes nothing.
+fn grant<C>(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    fingerprint: Fingerprint,
+) -> Result<Result<Granted, Begin<C>>, StoreError> {
+    let existing = read_record(tx, ctx, scope)?;
     let decided = decision::decide(
         existing.as_ref(),
         &fingerprint,
         ctx.now,
         ctx.config.tombstone_ttl,
     );
-    let (record, answer): (Record, fn(Held) -> Begin<Held>) = match decided {
+    let (record, kind) = match decided {
         Decision::Claim => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
-            (record, Begin::Claimed)
+            (record, Grant::First)
         }
         Decision::TakeOver(previous) => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::taken_over(previous, fence, ctx.now, ctx.config.lease);
-            (record, Begin::Recovered)
+            (record, Grant::TakeOver)
         }
         other => {
-            let answer = Begin::without_writing(other).ok_or_else(|| StoreError::Internal {
-                message: "begin decided to write without a claim".into(),
-            });
-            return (Keep::Nothing, answer);
+            return Begin::without_writing(other)
+                .map(Err)
+                .ok_or_else(|| StoreError::Internal {
+                    message: "begin decided to write without a claim".into(),
+                });
         }
     };
-    write_record(tx, ctx, scope, existing.as_ref(), Some(&record));
-    let hold = HoldToken::new(ctx.watchers, scope.encode());
-    (Keep::Writes, Ok(answer(Held::of(&record, hold))))
+    Ok(Ok(Granted {
+        previous: existing,
+        record,
+        kind,
+    }))
 }
 
 /// Reads the record and checks the fence, for every operation on a held claim.

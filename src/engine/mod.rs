@@ -376,7 +376,7 @@ mod tests {
         let engine = store.engine();
         let held = engine.hold_exclusively();
         assert!(
-            engine.try_read_path(&scope, fingerprint).is_none(),
+            engine.try_read_path::<()>(&scope, fingerprint).is_none(),
             "no inline read while held"
         );
         let begin = tokio::spawn({
@@ -387,7 +387,7 @@ mod tests {
         let answer = begin.await??;
         assert!(matches!(answer, Begin::Replay(r) if r.body() == b"done"));
         assert!(matches!(
-            engine.try_read_path(&scope, fingerprint),
+            engine.try_read_path::<()>(&scope, fingerprint),
             Some(Ok(Some(Begin::Replay(_))))
         ));
         Ok(())

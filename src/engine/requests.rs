@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::error::StoreError;
+use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
@@ -54,6 +54,18 @@ pub(crate) fn commit(
 ) -> Request<Result<Response, CommitRefusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         lifecycle::commit(tx, ctx, &scope, fence, work)
+    })
+}
+
+/// Claims and commits in one step: `work` runs only if the scope could be claimed, and its
+/// writes and the completed record are kept together. The answer's claim is the response.
+pub(super) fn execute(
+    scope: Scope,
+    fingerprint: Fingerprint,
+    work: UserWork<Response>,
+) -> Request<Result<Begin<Response>, ExecuteError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        lifecycle::execute(tx, ctx, &scope, fingerprint, work)
     })
 }
 

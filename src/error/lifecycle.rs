@@ -1,4 +1,5 @@
-//! Errors from the claim lifecycle: commit, release, extend, checkpoint, and plain writes.
+//! Errors from the claim lifecycle: commit, release, extend, checkpoint, execute, and plain
+//! writes.
 
 use std::fmt;
 
@@ -102,6 +103,25 @@ impl<C> CommitError<C> {
             CommitError::Stale(_) | CommitError::Store(_) => None,
         }
     }
+}
+
+/// `execute` did not commit. Nothing of the request was written and no claim is left behind:
+/// the key stays as it was, so a retry runs the work again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecuteError {
+    /// The closure returned an error. None of its writes were kept.
+    #[error("the execute closure failed ({0}); nothing was written and the key is not held")]
+    Aborted(#[source] BoxError),
+    /// The closure panicked. None of its writes were kept; the store is unaffected.
+    #[error("the execute closure panicked ({0}); nothing was written and the key is not held")]
+    Panicked(String),
+    /// The closure's response does not fit the limits.
+    #[error("the response was refused ({0}); nothing was written and the key is not held")]
+    InvalidResponse(#[source] ResponseError),
+    /// Storage failed; nothing was acknowledged.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// `release`, `extend` or `checkpoint` failed. Nothing was changed.

@@ -31,7 +31,9 @@ mod store;
 mod tx;
 
 pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
-pub use lifecycle::{ClaimError, CommitError, ForgetError, StaleClaim, StaleReason, WriteError};
+pub use lifecycle::{
+    ClaimError, CommitError, ExecuteError, ForgetError, StaleClaim, StaleReason, WriteError,
+};
 pub use maintenance::CompactError;
 pub use open::{BadTableReason, OpenError};
 pub use recovery::RecoveryError;

@@ -6,6 +6,7 @@ pub(crate) mod begin;
 pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod decision;
+pub(crate) mod execution;
 pub(crate) mod fingerprint;
 pub(crate) mod jitter;
 pub mod limits;

@@ -4,7 +4,7 @@
 //! A backend is a [`Protocol`] (the store side: `begin`, `begin_or_wait`, eviction, the
 //! abandoned-work listing, stats) and a [`ProtocolClaim`] (what a winner holds: `complete`,
 //! `release`, `extend`, `checkpoint`, fenced). The HTTP layer, the extractor and the
-//! [`Completer`](crate::Completer) are written against these traits, and
+//! [`Completer`] are written against these traits, and
 //! [`testing::conformance`](crate::testing::conformance) (feature `testing`) checks a backend
 //! against them with real tasks racing the same keys.
 //!

@@ -41,8 +41,14 @@ pub fn workload(seed: u64, len: usize, keys: u8) -> Vec<CrashOp> {
                     key,
                     other_request: rng.below(10) == 0,
                 },
-                30..=54 => CrashOp::Commit {
+                30..=47 => CrashOp::Commit {
                     key,
+                    rows: rng.below(4) as u8,
+                    abort: rng.below(8) == 0,
+                },
+                48..=54 => CrashOp::Execute {
+                    key,
+                    other_request: rng.below(10) == 0,
                     rows: rng.below(4) as u8,
                     abort: rng.below(8) == 0,
                 },

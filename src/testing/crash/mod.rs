@@ -60,6 +60,18 @@ pub enum CrashOp {
         /// Whether the closure fails after writing.
         abort: bool,
     },
+    /// `Store::execute` on `key`: claim and commit in one step, with `rows` business rows;
+    /// `abort` makes the closure fail after writing them.
+    Execute {
+        /// Which key.
+        key: u8,
+        /// Whether to send a fingerprint other than the key's usual one.
+        other_request: bool,
+        /// Business rows to write (bounded by the runner).
+        rows: u8,
+        /// Whether the closure fails after writing.
+        abort: bool,
+    },
     /// Release the claim held on `key`.
     Release {
         /// Which key.

@@ -56,7 +56,7 @@ pub(super) fn observed(key: u8, record: Option<Record>) -> KeyState {
                 ..
             } => KeyState::Completed {
                 other: r.fingerprint == fingerprint(key, true),
-                fence: r.fence,
+                fence: executed_fence(response.body()).unwrap_or(r.fence),
                 rows: response.body().first().copied().unwrap_or(0),
                 expires_at,
             },
@@ -65,6 +65,18 @@ pub(super) fn observed(key: u8, record: Option<Record>) -> KeyState {
             RecordState::Tombstone { .. } => KeyState::Absent,
         },
     }
+}
+
+/// Where the model's fences for `execute` completions start. An `execute` closure cannot know
+/// the fence its record gets, yet must name its rows after the completion they belong to, as
+/// commits name theirs `k{key}/{fence}/{row}`; so an execution is known by this plus its id,
+/// which its response carries after the row count (`[rows, id as 4 bytes LE]`).
+pub(super) const EXECUTED: u64 = 1 << 40;
+
+/// The model's fence of a completion by `execute`, read from its response body.
+pub(super) fn executed_fence(body: &[u8]) -> Option<u64> {
+    let id: [u8; 4] = body.get(1..5)?.try_into().ok()?;
+    Some(EXECUTED + u64::from(u32::from_le_bytes(id)))
 }
 
 /// The model: every key's acknowledged state, every acknowledged commit, keyless rows.
@@ -79,6 +91,8 @@ pub(super) struct Model {
     pub(super) committed: BTreeMap<(u8, u64), u8>,
     /// Keyless rows acknowledged (a row written twice is one row).
     pub(super) plain: BTreeSet<u8>,
+    /// `execute` steps run so far: the next one's id.
+    pub(super) executions: u32,
 }
 
 impl Model {

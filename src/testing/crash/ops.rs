@@ -5,9 +5,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use crate::{Begin, Claim, ClaimError, CommitError, ManualClock, Response, Store, StoreError};
+use crate::{
+    Begin, Claim, ClaimError, CommitError, ExecuteError, Execution, ManualClock, Response, Store,
+    StoreError,
+};
 
-use super::model::{InFlight, KeyState, Model, fingerprint, scope};
+use super::model::{EXECUTED, InFlight, KeyState, Model, fingerprint, scope};
 use super::{CrashOp, LEASE, ROWS, TTL};
 
 /// The claims the workload holds, oldest first per key: after a take-over the stale holder
@@ -80,6 +83,12 @@ pub(super) fn step(
         CrashOp::Commit { key, rows, abort } => {
             commit(store, clock, model, claims, key, rows, abort)
         }
+        CrashOp::Execute {
+            key,
+            other_request,
+            rows,
+            abort,
+        } => execute(store, clock, model, key, other_request, rows, abort),
         CrashOp::Release { key } => release(model, claims, key),
         CrashOp::Extend { key, secs } => {
             let now = crate::Clock::now(clock);
@@ -271,6 +280,81 @@ fn commit(
         )),
         (other, current, abort) => Err(violation(format_args!(
             "commit (current {current}, abort {abort}) answered {other:?}"
+        ))),
+    }
+}
+
+fn execute(
+    store: &Store,
+    clock: &ManualClock,
+    model: &mut Model,
+    key: u8,
+    other_request: bool,
+    rows: u8,
+    abort: bool,
+) -> Result<(), Step> {
+    let now = crate::Clock::now(clock);
+    let before = model.state(key).visible(now);
+    let kind = match &before {
+        KeyState::Held { other, .. } | KeyState::Completed { other, .. }
+            if *other != other_request =>
+        {
+            "mismatch"
+        }
+        KeyState::Completed { .. } => "replay",
+        KeyState::Held { lease_until, .. } if *lease_until > now => "in_progress",
+        KeyState::Absent | KeyState::Held { .. } => "executed",
+    };
+    let id = model.executions;
+    model.executions += 1;
+    let fence = EXECUTED + u64::from(id);
+    let rows = rows % 4;
+    let done = KeyState::Completed {
+        other: other_request,
+        fence,
+        rows,
+        expires_at: now.saturating_add(TTL),
+    };
+    let mut body = vec![rows];
+    body.extend_from_slice(&id.to_le_bytes());
+    let expected_body = body.clone();
+    let result = store.execute(&scope(key), fingerprint(key, other_request), move |tx| {
+        for row in 0..rows {
+            tx.insert(&ROWS, format!("k{key}/{fence}/{row}").as_str(), fence)?;
+        }
+        if abort {
+            return Err("aborted by the workload".into());
+        }
+        Ok(Response::new(201, body))
+    });
+    let runs = kind == "executed";
+    match result {
+        Ok(execution) if execution.outcome() != kind => Err(violation(format_args!(
+            "execute answered {}, the model expected {kind} from {before:?}",
+            execution.outcome()
+        ))),
+        Ok(Execution::Executed(response)) => {
+            if abort || response.body() != expected_body {
+                return Err(violation("execute stored a response it should not have"));
+            }
+            model.keys.insert(key, done);
+            if rows > 0 {
+                model.committed.insert((key, fence), rows);
+            }
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+        Err(ExecuteError::Aborted(_)) if runs && abort => Ok(()),
+        Err(ExecuteError::Store(e)) => Err(failed(
+            &e,
+            if runs && !abort {
+                InFlight::Key { key, after: done }
+            } else {
+                InFlight::Nothing
+            },
+        )),
+        Err(other) => Err(violation(format_args!(
+            "execute (expected {kind}, abort {abort}) answered {other}"
         ))),
     }
 }
