@@ -1,6 +1,8 @@
 //! Reopen times after a crash: `Wal` mode with 1,000,000 records and about 100 MB of log past
-//! the last checkpoint (replay), and `Redb` mode with the same records (redb's full repair,
-//! since `Redb` mode commits without quick-repair).
+//! the last checkpoint (replay, checkpoints held back: the worst case), `Wal` at default
+//! settings (what a SIGKILL of a real service leaves), and `Redb` mode with the same records
+//! (redb's full repair, since `Redb` mode commits without quick-repair). Then, for both `Wal`
+//! stores, a reopen after a clean close (median of three).
 //!
 //! `cargo bench --bench recovery` (defaults: 1,000,000 records, 100 MB of log). Smaller runs:
 //! `cargo bench --bench recovery -- 100000 10`. Each store is prepared by a child process that
@@ -20,15 +22,49 @@ use idemstore::{Durability, Store};
 
 const THREADS: u64 = 64;
 
-fn open(dir: &Path, durability: Durability) -> Result<Store, idemstore::OpenError> {
-    Store::builder()
-        .durability(durability)
-        .table(ORDERS)
-        // No time-based checkpoints while preparing: the log past the last checkpoint is
-        // exactly what the preparation wrote after its explicit checkpoint.
-        .checkpoint_interval(Duration::from_secs(3600))
-        .checkpoint_bytes(4 << 30)
-        .open(dir)
+/// How a store is prepared and opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `Wal`, checkpoints held back, a fixed amount of log past the last one.
+    WalForcedLog,
+    /// `Wal` at default settings.
+    WalDefault,
+    /// `Redb`.
+    Redb,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::WalForcedLog, Mode::WalDefault, Mode::Redb];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::WalForcedLog => "wal",
+            Mode::WalDefault => "wal-default",
+            Mode::Redb => "redb",
+        }
+    }
+
+    fn parse(name: &str) -> Mode {
+        Mode::ALL
+            .into_iter()
+            .find(|m| m.name() == name)
+            .expect("a mode")
+    }
+}
+
+fn open(dir: &Path, mode: Mode) -> Result<Store, idemstore::OpenError> {
+    let builder = Store::builder().table(ORDERS);
+    match mode {
+        Mode::WalForcedLog => builder
+            .durability(Durability::Wal)
+            // No time-based checkpoints while preparing: the log past the last checkpoint is
+            // exactly what the preparation wrote after its explicit checkpoint.
+            .checkpoint_interval(Duration::from_secs(3600))
+            .checkpoint_bytes(4 << 30),
+        Mode::WalDefault => builder.durability(Durability::Wal),
+        Mode::Redb => builder.durability(Durability::Redb),
+    }
+    .open(dir)
 }
 
 /// Claims and commits `count` new keys from 64 threads. Returns the pairs per second.
@@ -37,16 +73,11 @@ fn load(store: &Store, prefix: &str, count: u64) -> f64 {
 }
 
 /// The child: prepare a store, then exit without closing it.
-fn prepare(dir: &Path, mode: &str, records: u64, log_mb: u64) {
-    let durability = if mode == "wal" {
-        Durability::Wal
-    } else {
-        Durability::Redb
-    };
-    let store = open(dir, durability).expect("open");
+fn prepare(dir: &Path, mode: Mode, records: u64, log_mb: u64) {
+    let store = open(dir, mode).expect("open");
     let rate = load(&store, "base", records);
     eprintln!("  prepared {records} records ({rate:.0} pairs/s)");
-    if durability == Durability::Wal {
+    if mode == Mode::WalForcedLog {
         store.checkpoint().expect("checkpoint");
         let before = store.stats().expect("stats").log_bytes;
         let mut batch = 0;
@@ -86,7 +117,7 @@ fn main() {
     if args.first().map(String::as_str) == Some("prepare") {
         let records = args[3].parse().expect("records");
         let log_mb = args[4].parse().expect("log MB");
-        prepare(Path::new(&args[1]), &args[2], records, log_mb);
+        prepare(Path::new(&args[1]), Mode::parse(&args[2]), records, log_mb);
         return;
     }
     let records: u64 = args
@@ -96,12 +127,17 @@ fn main() {
     let log_mb: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100);
     let base =
         std::env::var("IDEMSTORE_BENCH_DIR").map_or_else(|_| std::env::temp_dir(), Into::into);
-    for (mode, durability) in [("wal", Durability::Wal), ("redb", Durability::Redb)] {
-        let dir = base.join(format!("idemstore-recovery-{mode}-{}", std::process::id()));
+    for mode in Mode::ALL {
+        let dir = base.join(format!(
+            "idemstore-recovery-{}-{}",
+            mode.name(),
+            std::process::id()
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         println!(
-            "{mode}: preparing {records} records{}",
-            if mode == "wal" {
+            "{}: preparing {records} records{}",
+            mode.name(),
+            if mode == Mode::WalForcedLog {
                 format!(" and {log_mb} MB of log")
             } else {
                 String::new()
@@ -111,7 +147,7 @@ fn main() {
             .args([
                 "prepare",
                 &dir.to_string_lossy(),
-                mode,
+                mode.name(),
                 &records.to_string(),
                 &log_mb.to_string(),
             ])
@@ -135,13 +171,14 @@ fn main() {
         drop(raw);
         // Then the store: for Wal, the log replay.
         let started = Instant::now();
-        let store = open(&dir, durability).expect("reopen after the crash");
+        let store = open(&dir, mode).expect("reopen after the crash");
         let store_reopen = started.elapsed();
         let report = store.recovery_report().clone();
         let counts = store.exact_stats().expect("counts");
         println!(
-            "{mode}: {} records, {:.0} MB on disk ({:.0} MB redb file); redb reopen {:.3} s (full repair: {}); \
+            "{}: {} records, {:.0} MB on disk ({:.0} MB redb file); redb reopen {:.3} s (full repair: {}); \
              store reopen {:.3} s (replayed {} frames, {:.1} MB of log); total {:.3} s",
+            mode.name(),
             counts.records,
             size as f64 / 1e6,
             db_size as f64 / 1e6,
@@ -157,6 +194,28 @@ fn main() {
             (redb_reopen + store_reopen).as_secs_f64()
         );
         drop(store);
+        if mode != Mode::Redb {
+            // A clean close checkpoints: the reopen replays nothing but still reads the live
+            // segment to its end.
+            let mut clean = Vec::new();
+            for _ in 0..3 {
+                let started = Instant::now();
+                let store = open(&dir, mode).expect("reopen after a clean close");
+                clean.push(started.elapsed());
+                drop(store);
+            }
+            clean.sort();
+            println!(
+                "{}: reopen after a clean close {:.3} s (median of 3: {})",
+                mode.name(),
+                clean[1].as_secs_f64(),
+                clean
+                    .iter()
+                    .map(|d| format!("{:.3}", d.as_secs_f64()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -15,7 +15,9 @@ use super::convert::{self, Delivery};
 use super::problem::problem;
 use crate::Tx;
 use crate::api::store::Store;
-use crate::error::{BoxError, ClaimError, CommitError, ResponseError, StaleClaim, StoreError};
+use crate::error::{
+    BoxError, ClaimError, CommitError, ExecuteError, ResponseError, StaleClaim, StoreError,
+};
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
@@ -357,6 +359,11 @@ pub enum HandlerError {
     /// Storage failed; the claim is left in progress.
     #[error(transparent)]
     Store(StoreError),
+    /// [`LocalRequest::execute`](super::LocalRequest::execute) stored nothing: its closure
+    /// failed, panicked or made a refused response, or storage failed. There was no claim, so
+    /// nothing is left behind; a retry runs the request again.
+    #[error(transparent)]
+    NotExecuted(ExecuteError),
 }
 
 impl IntoResponse for HandlerError {
@@ -365,7 +372,7 @@ impl IntoResponse for HandlerError {
         // storage errors) goes to the log.
         tracing::warn!(error = %self, "an idempotent handler failed");
         let (status, kind, detail) = match &self {
-            HandlerError::Store(_) => (
+            HandlerError::Store(_) | HandlerError::NotExecuted(ExecuteError::Store(_)) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "idempotency-store-unavailable",
                 "the service could not record the request's outcome, so it is unknown: retry with the same key after the Retry-After seconds, and the retry finds it out",
@@ -374,6 +381,11 @@ impl IntoResponse for HandlerError {
                 StatusCode::CONFLICT,
                 "claim-taken-over",
                 "this attempt ran past its lease and another attempt of the same request took over; retry with the same key after the Retry-After seconds to get that attempt's outcome",
+            ),
+            HandlerError::NotExecuted(_) => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "idempotent-handler-failed",
+                "the request failed and nothing of it was recorded: fix it, or retry with the same key",
             ),
             HandlerError::Finished(_) | HandlerError::Busy => (
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -387,7 +399,12 @@ impl IntoResponse for HandlerError {
             ),
         };
         let mut response = problem(status, kind, "The request could not be completed", detail);
-        if matches!(self, HandlerError::Stale(_) | HandlerError::Store(_)) {
+        if matches!(
+            self,
+            HandlerError::Stale(_)
+                | HandlerError::Store(_)
+                | HandlerError::NotExecuted(ExecuteError::Store(_))
+        ) {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),

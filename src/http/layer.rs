@@ -121,6 +121,21 @@ pub(crate) struct Settings {
     pub(crate) in_flight: Option<Arc<tokio::sync::Semaphore>>,
     /// The shortest key accepted, in characters.
     pub(crate) min_key_len: usize,
+    /// What the handlers of covered requests do: claimed first, or local work executed in one
+    /// step (then this is the store they execute on).
+    pub(crate) work: Work,
+}
+
+/// What the handlers behind a layer do, which decides whether the layer claims the key before
+/// the handler runs.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Work {
+    /// Anything, calls out of the process included: the layer claims the key first (the
+    /// default).
+    #[default]
+    Claimed,
+    /// Only writes to this store: the handler calls `LocalRequest::execute`.
+    Local(Store),
 }
 
 impl Settings {
@@ -184,6 +199,28 @@ impl<P> fmt::Debug for IdempotencyLayer<P> {
     }
 }
 
+impl IdempotencyLayer<Store> {
+    /// Declares the covered routes' work **local**: the handler only writes to this store, so
+    /// the layer does not claim the key first. The handler takes a
+    /// [`LocalRequest`](super::LocalRequest) and calls its `execute`, which claims, runs the
+    /// work and stores the response in one writer step (one sync instead of two), or answers
+    /// a duplicate (replay, 409, 422, 410) without running it.
+    ///
+    /// Only for handlers that call nothing outside the process before their response is
+    /// stored: no payment processor, no email, no message. With no claim while the work runs,
+    /// a crash would forget such a call and the retry would make it again. A handler that
+    /// returns without calling `execute` is a bug: its response is replaced by a 500. The
+    /// in-flight cap applies as before. The store timeout and waiting ([`wait`](Self::wait))
+    /// do not: the handler awaits `execute` itself, and a duplicate of a request in flight is
+    /// answered at once (replayed once the first is stored, else run or refused).
+    #[must_use]
+    pub fn local_work(mut self) -> Self {
+        let store = self.store.clone();
+        self.settings().work = Work::Local(store);
+        self
+    }
+}
+
 impl<P: Protocol> IdempotencyLayer<P> {
     /// Covers `POST` requests; key required; tenant from the [`Tenant`] extension; operation
     /// is the method and the matched route; bodies up to 1 MiB; no waiting on a request in
@@ -207,6 +244,7 @@ impl<P: Protocol> IdempotencyLayer<P> {
                 store_timeout: DEFAULT_STORE_TIMEOUT,
                 in_flight: None,
                 min_key_len: DEFAULT_MIN_KEY_LEN,
+                work: Work::Claimed,
             }),
         }
     }

@@ -24,7 +24,9 @@
 //! RFC 8785 canonical form, so key order and whitespace do not matter).
 //!
 //! A handler that takes an [`IdempotentRequest`] commits its business writes and its response
-//! in one transaction; one that does not, has its response stored by the middleware. Problem
+//! in one transaction; one that does not, has its response stored by the middleware. On a
+//! route whose work is local ([`IdempotencyLayer::local_work`]) the layer claims nothing: the
+//! handler's [`LocalRequest::execute`] claims and commits in one step. Problem
 //! bodies are `application/problem+json` (RFC 9457). The mapping to HTTP status codes lives in
 //! this module only: the core knows nothing of HTTP.
 
@@ -34,6 +36,7 @@ mod extract;
 mod jcs;
 mod key;
 mod layer;
+mod local;
 mod outage;
 mod problem;
 mod rejection;
@@ -48,6 +51,7 @@ pub use layer::{
     DEFAULT_DETACHED_STREAM_TIMEOUT, DEFAULT_MAX_BODY, DEFAULT_MIN_KEY_LEN, DEFAULT_STORE_TIMEOUT,
     Failures, IdempotencyLayer, KeyPolicy, Tenant,
 };
+pub use local::{LocalRequest, NotLocal};
 pub use rejection::NotStarted;
 pub use request::QueryPart;
 pub use service::IdempotencyService;

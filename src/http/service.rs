@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use super::claimed;
 use super::convert::{self, Delivery};
 use super::key::{KeyHeader, read_key};
-use super::layer::{KeyPolicy, Settings};
+use super::layer::{KeyPolicy, Settings, Work};
+use super::local::{self, LocalRequest};
 use super::problem;
 use super::request::{self, BodyProblem};
 use crate::api::claim::Begin;
@@ -171,6 +172,18 @@ where
         Err(BodyProblem::Unreadable(why)) => return Ok(problem::unreadable_body(&why)),
     };
     let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
+    if let Work::Local(store) = &settings.work {
+        let local = LocalRequest::new(store.clone(), scope, fingerprint);
+        let mut request = Request::from_parts(parts, Body::from(bytes));
+        request.extensions_mut().insert(local.clone());
+        let response = inner.call(request).await?;
+        drop(permit);
+        return Ok(if local.executed() {
+            response.map(Body::new)
+        } else {
+            local::not_executed()
+        });
+    }
     let begin = async {
         if settings.wait.is_zero() {
             store.begin(&scope, fingerprint).await
