@@ -4,6 +4,9 @@
 //! - `claim_commit/{Wal,Redb}/{1,4,16,64}`: pairs per second (a pair: `begin` claiming a new key
 //!   plus a `commit` writing a ~100-byte business row and a ~200-byte response; keys over 16
 //!   tenants) from that many client threads;
+//! - `claim_commit_async/Wal/64`: the same pairs through `begin_async`/`commit_async` from 64
+//!   tokio tasks on a 2-worker runtime, beside the 64 threads;
+//! - `execute/Wal/{1,64}`: the same request through `Store::execute` (one step) from threads;
 //! - `replay/{1,4}`: `begin` on completed keys from 1 and 4 threads;
 //! - `in_progress`: `begin` on keys held by a live claim;
 //! - `evict`: `evict_expired(1000)` on expired records, per record evicted.
@@ -14,12 +17,13 @@ mod common;
 
 use std::hint::black_box;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::ORDERS;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
-use idemstore::{Begin, Durability, Fingerprint, ManualClock, Scope, Store, Timestamp};
+use idemstore::{Begin, Durability, Fingerprint, ManualClock, Response, Scope, Store, Timestamp};
 
 fn open(dir: &Path, durability: Durability) -> Store {
     Store::builder()
@@ -71,6 +75,104 @@ fn claim_commit(c: &mut Criterion) {
                 b.iter_custom(|iters| pairs(&store, &next, clients, iters.max(clients)));
             });
         }
+    }
+    group.finish();
+}
+
+/// Runs `iters` pairs over `tasks` tokio tasks through the async API.
+fn pairs_async(
+    rt: &tokio::runtime::Runtime,
+    store: &Store,
+    next: &Arc<AtomicU64>,
+    tasks: u64,
+    iters: u64,
+) -> Duration {
+    let end = next.load(Ordering::Relaxed) + iters;
+    rt.block_on(async {
+        let started = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (store, next) = (store.clone(), next.clone());
+                tokio::spawn(async move {
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= end {
+                            break;
+                        }
+                        let scope = scope(i);
+                        let key = scope.key().to_owned();
+                        let fingerprint = Fingerprint::of_bytes(key.as_bytes());
+                        let Begin::Claimed(claim) =
+                            store.begin_async(&scope, fingerprint).await.expect("begin")
+                        else {
+                            panic!("{scope} was not new");
+                        };
+                        claim
+                            .commit_async(move |tx| {
+                                tx.insert(&ORDERS, key.as_str(), common::ROW.as_slice())?;
+                                Ok(Response::new(201, common::BODY.to_vec()))
+                            })
+                            .await
+                            .expect("commit");
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("task");
+        }
+        started.elapsed()
+    })
+}
+
+fn claim_commit_async(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("claim_commit_async");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(4));
+    let dir = tempfile::tempdir().expect("dir");
+    let store = open(dir.path(), Durability::Wal);
+    let next = Arc::new(AtomicU64::new(0));
+    group.bench_function(BenchmarkId::new("Wal", 64), |b| {
+        b.iter_custom(|iters| pairs_async(&rt, &store, &next, 64, iters.max(64)));
+    });
+    group.finish();
+}
+
+fn execute(c: &mut Criterion) {
+    let mut group = c.benchmark_group("execute");
+    group.throughput(Throughput::Elements(1));
+    group.sample_size(10);
+    group.measurement_time(Duration::from_secs(4));
+    for clients in [1u64, 64] {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = open(dir.path(), Durability::Wal);
+        let next = AtomicU64::new(0);
+        group.bench_function(BenchmarkId::new("Wal", clients), |b| {
+            b.iter_custom(|iters| {
+                let end = next.load(Ordering::Relaxed) + iters.max(clients);
+                let started = Instant::now();
+                std::thread::scope(|s| {
+                    for _ in 0..clients {
+                        s.spawn(|| {
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                if i >= end {
+                                    break;
+                                }
+                                common::execute(&store, &scope(i));
+                            }
+                        });
+                    }
+                });
+                started.elapsed()
+            });
+        });
     }
     group.finish();
 }
@@ -189,7 +291,15 @@ fn evict(c: &mut Criterion) {
 
 /// `criterion_group!` defines a public function; in a private module it needs no docs.
 mod harness {
-    use super::{claim_commit, evict, in_progress, replay};
-    criterion::criterion_group!(benches, claim_commit, replay, in_progress, evict);
+    use super::{claim_commit, claim_commit_async, evict, execute, in_progress, replay};
+    criterion::criterion_group!(
+        benches,
+        claim_commit,
+        claim_commit_async,
+        execute,
+        replay,
+        in_progress,
+        evict
+    );
 }
 criterion_main!(harness::benches);
