@@ -13,14 +13,17 @@ use crate::wal::{self, ReplayFrame};
 use super::registry::Registry;
 
 /// Why a group's operations could not be applied.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub(crate) enum ApplyError {
     /// They name a table this store did not register.
+    #[error("the group writes table {0:?}, which is not registered")]
     UnknownTable(String),
     /// An op refers to a table index its payload does not list, or the payload does not
     /// decode: damage.
+    #[error("the group's payload is malformed: {0}")]
     Malformed(String),
     /// redb failed.
+    #[error("redb failed: {0}")]
     Redb(redb::Error),
 }
 

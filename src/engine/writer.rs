@@ -520,7 +520,7 @@ impl Writer {
             for (_, payload) in epoch.logged.iter().filter(|(n, _)| *n < keep_below) {
                 replay::apply_group(&self.shared.registry, &txn, payload).map_err(|e| {
                     StoreError::Internal {
-                        message: format!("re-applying a logged group failed: {e:?}"),
+                        message: format!("re-applying a logged group failed: {e}"),
                     }
                 })?;
             }

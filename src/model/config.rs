@@ -136,7 +136,7 @@ impl Default for Config {
             max_batch: 1024,
             durability: Durability::default(),
             segment_bytes: 8 * 1024 * 1024,
-            checkpoint_bytes: 64 * 1024 * 1024,
+            checkpoint_bytes: 48 * 1024 * 1024,
             checkpoint_interval: Duration::from_secs(2),
             sweep: Sweep::default(),
             self_heal: SelfHeal::default(),
