@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use common::ORDERS;
-use idemstore::{Begin, Fingerprint, Response, Store};
+use idemstore::Store;
 
 const CLIENTS: u64 = 64;
 const PAIRS: u64 = 200_000;
@@ -117,20 +117,7 @@ fn main() {
                                 break;
                             }
                             let scope = common::scope(t, format!("{prefix}-{i:010}"));
-                            let key = scope.key().to_owned();
-                            let fingerprint = Fingerprint::of_bytes(key.as_bytes());
-                            let Begin::Claimed(claim) =
-                                store.begin_async(&scope, fingerprint).await.expect("begin")
-                            else {
-                                panic!("{scope} was not new");
-                            };
-                            claim
-                                .commit_async(move |tx| {
-                                    tx.insert(&ORDERS, key.as_str(), common::ROW.as_slice())?;
-                                    Ok(Response::new(201, common::BODY.to_vec()))
-                                })
-                                .await
-                                .expect("commit");
+                            common::pair_async(&store, &scope).await;
                         }
                     })
                 })

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::ORDERS;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
-use idemstore::{Begin, Durability, Fingerprint, ManualClock, Response, Scope, Store, Timestamp};
+use idemstore::{Begin, Durability, Fingerprint, ManualClock, Scope, Store, Timestamp};
 
 fn open(dir: &Path, durability: Durability) -> Store {
     Store::builder()
@@ -43,6 +43,17 @@ fn pair(store: &Store, i: u64) {
 
 /// Runs `iters` pairs over `clients` threads and returns the time taken.
 fn pairs(store: &Store, next: &AtomicU64, clients: u64, iters: u64) -> Duration {
+    requests(store, next, clients, iters, pair)
+}
+
+/// Runs `iters` requests (`one(store, i)`) over `clients` threads; returns the time taken.
+fn requests(
+    store: &Store,
+    next: &AtomicU64,
+    clients: u64,
+    iters: u64,
+    one: fn(&Store, u64),
+) -> Duration {
     let end = next.load(Ordering::Relaxed) + iters;
     let started = Instant::now();
     std::thread::scope(|s| {
@@ -53,7 +64,7 @@ fn pairs(store: &Store, next: &AtomicU64, clients: u64, iters: u64) -> Duration 
                     if i >= end {
                         break;
                     }
-                    pair(store, i);
+                    one(store, i);
                 }
             });
         }
@@ -99,21 +110,7 @@ fn pairs_async(
                         if i >= end {
                             break;
                         }
-                        let scope = scope(i);
-                        let key = scope.key().to_owned();
-                        let fingerprint = Fingerprint::of_bytes(key.as_bytes());
-                        let Begin::Claimed(claim) =
-                            store.begin_async(&scope, fingerprint).await.expect("begin")
-                        else {
-                            panic!("{scope} was not new");
-                        };
-                        claim
-                            .commit_async(move |tx| {
-                                tx.insert(&ORDERS, key.as_str(), common::ROW.as_slice())?;
-                                Ok(Response::new(201, common::BODY.to_vec()))
-                            })
-                            .await
-                            .expect("commit");
+                        common::pair_async(&store, &scope(i)).await;
                     }
                 })
             })
@@ -155,22 +152,9 @@ fn execute(c: &mut Criterion) {
         let next = AtomicU64::new(0);
         group.bench_function(BenchmarkId::new("Wal", clients), |b| {
             b.iter_custom(|iters| {
-                let end = next.load(Ordering::Relaxed) + iters.max(clients);
-                let started = Instant::now();
-                std::thread::scope(|s| {
-                    for _ in 0..clients {
-                        s.spawn(|| {
-                            loop {
-                                let i = next.fetch_add(1, Ordering::Relaxed);
-                                if i >= end {
-                                    break;
-                                }
-                                common::execute(&store, &scope(i));
-                            }
-                        });
-                    }
-                });
-                started.elapsed()
+                requests(&store, &next, clients, iters.max(clients), |store, i| {
+                    common::execute(store, &scope(i));
+                })
             });
         });
     }

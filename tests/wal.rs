@@ -46,6 +46,17 @@ fn crashed_after_one_order() -> Result<(SimDisk, ManualClock), Box<dyn std::erro
     Ok((disk.crash_image(Tear::Drop), clock))
 }
 
+/// The name and bytes of the log's first segment on `disk`.
+fn first_segment(disk: &SimDisk) -> Result<(String, Vec<u8>), Box<dyn std::error::Error>> {
+    let segment = disk
+        .files()
+        .into_iter()
+        .find(|f| f.starts_with("wal/seg-"))
+        .ok_or("no log segment")?;
+    let bytes = disk.file(&segment).ok_or("segment vanished")?;
+    Ok((segment, bytes))
+}
+
 #[test]
 fn acknowledged_commits_survive_a_crash_by_replay() -> TestResult {
     let disk = SimDisk::new();
@@ -160,12 +171,7 @@ fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -
     }
     let image = disk.crash_image(Tear::Drop);
     drop(store);
-    let segment = image
-        .files()
-        .into_iter()
-        .find(|f| f.starts_with("wal/seg-"))
-        .ok_or("no log segment")?;
-    let mut bytes = image.file(&segment).ok_or("segment vanished")?;
+    let (segment, mut bytes) = first_segment(&image)?;
     // A byte inside the second frame's payload (frames start at 64, each with a 20-byte
     // header; the first is a claim).
     let second = 64 + 20 + u32::from_le_bytes(bytes[64..68].try_into()?) as usize;
@@ -195,12 +201,7 @@ fn damage_in_the_middle_of_the_log_is_an_error_naming_the_segment_and_offset() -
 #[test]
 fn a_log_in_another_format_is_refused_and_left_as_it_is() -> TestResult {
     let (image, clock) = crashed_after_one_order()?;
-    let segment = image
-        .files()
-        .into_iter()
-        .find(|f| f.starts_with("wal/seg-"))
-        .ok_or("no log segment")?;
-    let mut bytes = image.file(&segment).ok_or("segment vanished")?;
+    let (segment, mut bytes) = first_segment(&image)?;
     // The header as format 1 wrote it: version 1, its CRC recomputed.
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     let crc = crc32fast::hash(&bytes[0..32]);

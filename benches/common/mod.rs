@@ -38,6 +38,25 @@ pub fn pair(store: &Store, scope: &Scope) {
         .expect("commit");
 }
 
+/// [`pair`] through the async API.
+pub async fn pair_async(store: &Store, scope: &Scope) {
+    let key = scope.key().to_owned();
+    let Begin::Claimed(claim) = store
+        .begin_async(scope, Fingerprint::of_bytes(key.as_bytes()))
+        .await
+        .expect("begin")
+    else {
+        panic!("{scope} was not new");
+    };
+    claim
+        .commit_async(move |tx| {
+            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
+            Ok(Response::new(201, BODY.to_vec()))
+        })
+        .await
+        .expect("commit");
+}
+
 /// The same request as [`pair`] in one step (`Store::execute`): the work is local.
 pub fn execute(store: &Store, scope: &Scope) {
     let key = scope.key().to_owned();

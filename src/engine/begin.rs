@@ -60,9 +60,7 @@ impl Engine {
         self.answered(answer)
     }
 
-    /// [`Engine::begin`] for async callers. The read runs inline when the file is free (a
-    /// read of cached pages: microseconds, far less than a hop to the blocking pool), on the
-    /// blocking pool while a compaction or a reopen holds it.
+    /// [`Engine::begin`] for async callers (the read as [`Engine::read_path_async`] runs it).
     #[cfg(feature = "tokio")]
     pub(crate) async fn begin_async(
         self: &std::sync::Arc<Self>,
@@ -71,18 +69,7 @@ impl Engine {
     ) -> Result<Begin<Held>, StoreError> {
         let span = begin_span(scope);
         let answer = async {
-            let read = match self.try_read_path(scope, fingerprint) {
-                Some(read) => read?,
-                None => {
-                    let (engine, scope) = (self.clone(), scope.clone());
-                    tokio::task::spawn_blocking(move || engine.read_path(&scope, fingerprint))
-                        .await
-                        .map_err(|e| StoreError::Internal {
-                            message: format!("a blocking read failed to run: {e}"),
-                        })??
-                }
-            };
-            match read {
+            match self.read_path_async(scope, fingerprint).await? {
                 Some(answer) => Ok(answer),
                 None => {
                     self.run_async(requests::begin(scope.clone(), fingerprint))
@@ -122,18 +109,7 @@ impl Engine {
         work: UserWork<Response>,
     ) -> Result<Begin<Response>, ExecuteError> {
         let span = execute_span(scope);
-        let read = match self.try_read_path(scope, fingerprint) {
-            Some(read) => read?,
-            None => {
-                let (engine, scope) = (self.clone(), scope.clone());
-                tokio::task::spawn_blocking(move || engine.read_path(&scope, fingerprint))
-                    .await
-                    .map_err(|e| StoreError::Internal {
-                        message: format!("a blocking read failed to run: {e}"),
-                    })??
-            }
-        };
-        let answer = match read {
+        let answer = match self.read_path_async(scope, fingerprint).await? {
             Some(answer) => Ok(answer),
             None => {
                 self.run_async(requests::execute(scope.clone(), fingerprint, work))
@@ -234,6 +210,26 @@ impl Engine {
         let now = self.shared.config.clock.now();
         let existing = self.read_record(scope)?;
         Ok(self.without_writing(existing, fingerprint, now))
+    }
+
+    /// [`Engine::read_path`] for async callers: inline when the file is free (a read of cached
+    /// pages: microseconds, far less than a hop to the blocking pool), on the blocking pool
+    /// while a compaction or a reopen holds it.
+    #[cfg(feature = "tokio")]
+    async fn read_path_async<C: Send + 'static>(
+        self: &std::sync::Arc<Self>,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Begin<C>>, StoreError> {
+        if let Some(read) = self.try_read_path(scope, fingerprint) {
+            return read;
+        }
+        let (engine, scope) = (self.clone(), scope.clone());
+        tokio::task::spawn_blocking(move || engine.read_path(&scope, fingerprint))
+            .await
+            .map_err(|e| StoreError::Internal {
+                message: format!("a blocking read failed to run: {e}"),
+            })?
     }
 
     /// [`Engine::read_path`] if it can run without waiting for a compaction to finish.
