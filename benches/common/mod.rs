@@ -39,6 +39,7 @@ pub fn pair(store: &Store, scope: &Scope) {
 }
 
 /// [`pair`] through the async API.
+#[cfg(feature = "tokio")]
 pub async fn pair_async(store: &Store, scope: &Scope) {
     let key = scope.key().to_owned();
     let Begin::Claimed(claim) = store
