@@ -6,6 +6,16 @@
 //! workers. Prints µs of CPU per pair (user, system, total) and pairs/s; three runs each,
 //! medians. The 64 client threads are part of the cost: they block twice per pair and are
 //! woken once per answer.
+//!
+//! Instructions per pair, the figure that does not move with the machine's noise: run one path
+//! once under callgrind with two pair counts and divide the difference, which cancels the
+//! fixed cost of starting (`IDEMSTORE_CPU_PATH` is `two-phase`, `execute` or `async`):
+//!
+//! ```text
+//! for n in 2000 4000; do IDEMSTORE_CPU_PATH=two-phase IDEMSTORE_CPU_PAIRS=$n \
+//!   valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.$n target/release/deps/cpu-*; done
+//! # (Ir of /tmp/cg.4000 - Ir of /tmp/cg.2000) / 2000, from the "summary:" lines
+//! ```
 
 mod common;
 
@@ -17,7 +27,21 @@ use common::ORDERS;
 use idemstore::Store;
 
 const CLIENTS: u64 = 64;
+/// Pairs per run unless `IDEMSTORE_CPU_PAIRS` says otherwise.
 const PAIRS: u64 = 200_000;
+
+/// Pairs per run.
+fn pairs() -> u64 {
+    std::env::var("IDEMSTORE_CPU_PAIRS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(PAIRS)
+}
+
+/// The one path to run (once), for callgrind; `None`: all three, three times each.
+fn only() -> Option<String> {
+    std::env::var("IDEMSTORE_CPU_PATH").ok()
+}
 
 /// User and system CPU seconds of this process so far.
 fn cpu() -> (f64, f64) {
@@ -37,9 +61,15 @@ struct Run {
     pairs_per_s: f64,
 }
 
-fn measure(label: &str, work: &dyn Fn(&Store, &str)) {
+fn measure(label: &str, path: &str, work: &dyn Fn(&Store, &str)) {
+    let runs_wanted = match only() {
+        Some(wanted) if wanted == path => 1,
+        Some(_) => return,
+        None => 3,
+    };
+    let pairs = pairs();
     let mut runs = Vec::new();
-    for r in 0..3 {
+    for r in 0..runs_wanted {
         let dir = tempfile::tempdir().expect("dir");
         let store = Store::builder()
             .table(ORDERS)
@@ -51,13 +81,13 @@ fn measure(label: &str, work: &dyn Fn(&Store, &str)) {
         let elapsed = started.elapsed().as_secs_f64();
         let (user1, system1) = cpu();
         runs.push(Run {
-            user_us: (user1 - user0) * 1e6 / PAIRS as f64,
-            system_us: (system1 - system0) * 1e6 / PAIRS as f64,
-            pairs_per_s: PAIRS as f64 / elapsed,
+            user_us: (user1 - user0) * 1e6 / pairs as f64,
+            system_us: (system1 - system0) * 1e6 / pairs as f64,
+            pairs_per_s: pairs as f64 / elapsed,
         });
     }
     runs.sort_by(|a, b| (a.user_us + a.system_us).total_cmp(&(b.user_us + b.system_us)));
-    let m = &runs[1];
+    let m = &runs[runs.len() / 2];
     println!(
         "| {label} | {:.1} | {:.1} | {:.1} | {:.0} | {} |",
         m.user_us,
@@ -73,16 +103,18 @@ fn measure(label: &str, work: &dyn Fn(&Store, &str)) {
 
 fn main() {
     println!(
-        "cpu: {PAIRS} pairs from {CLIENTS} clients per run, 3 runs, the median run by total CPU\n"
+        "cpu: {} pairs from {CLIENTS} clients per run, 3 runs, the median run by total CPU\n",
+        pairs()
     );
     println!(
         "| path | user µs/pair | system µs/pair | total µs/pair | pairs/s | totals of the 3 runs |"
     );
     println!("| --- | --- | --- | --- | --- | --- |");
-    measure("two-phase, 64 threads", &|store, prefix| {
-        common::pairs_from_threads(store, CLIENTS, PAIRS, |i| format!("{prefix}-{i:010}"));
+    measure("two-phase, 64 threads", "two-phase", &|store, prefix| {
+        common::pairs_from_threads(store, CLIENTS, pairs(), |i| format!("{prefix}-{i:010}"));
     });
-    measure("execute, 64 threads", &|store, prefix| {
+    measure("execute, 64 threads", "execute", &|store, prefix| {
+        let count = pairs();
         let next = AtomicU64::new(0);
         std::thread::scope(|s| {
             for t in 0..CLIENTS {
@@ -90,7 +122,7 @@ fn main() {
                 s.spawn(move || {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= PAIRS {
+                        if i >= count {
                             break;
                         }
                         common::execute(store, &common::scope(t, format!("{prefix}-{i:010}")));
@@ -104,7 +136,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    measure("two-phase, 64 tokio tasks", &|store, prefix| {
+    measure("two-phase, 64 tokio tasks", "async", &|store, prefix| {
+        let count = pairs();
         let next = Arc::new(AtomicU64::new(0));
         rt.block_on(async {
             let tasks: Vec<_> = (0..CLIENTS)
@@ -113,7 +146,7 @@ fn main() {
                     tokio::spawn(async move {
                         loop {
                             let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= PAIRS {
+                            if i >= count {
                                 break;
                             }
                             let scope = common::scope(t, format!("{prefix}-{i:010}"));
