@@ -298,15 +298,42 @@ pub(crate) struct Payload<'a> {
 }
 
 /// One put or delete inside a [`Payload`].
+///
+/// Keys and values are written with `serialize_bytes`: serde's default for `&[u8]` is a
+/// sequence of `u8`s, one serializer call per byte (7% of all instructions of a pair), and
+/// postcard encodes both the same way (`varint(len) ‖ bytes`), so the format is unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct PayloadOp<'a> {
     /// Index into [`Payload::tables`].
     pub(crate) table: u16,
-    #[serde(borrow)]
+    #[serde(borrow, serialize_with = "bytes")]
     pub(crate) key: &'a [u8],
     /// `None` deletes the key.
-    #[serde(borrow)]
+    #[serde(borrow, serialize_with = "optional_bytes")]
     pub(crate) value: Option<&'a [u8]>,
+}
+
+/// `bytes` in one call, as bytes.
+fn bytes<S: serde::Serializer>(bytes: &&[u8], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_bytes(bytes)
+}
+
+/// An optional byte string, its bytes in one call.
+fn optional_bytes<S: serde::Serializer>(
+    value: &Option<&[u8]>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    /// Serializes as bytes, for `serialize_some`.
+    struct Bytes<'a>(&'a [u8]);
+    impl Serialize for Bytes<'_> {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serializer.serialize_bytes(self.0)
+        }
+    }
+    match value {
+        Some(value) => serializer.serialize_some(&Bytes(value)),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// Decodes a frame's payload: the payloads of the groups it carries, in order. The log
@@ -441,6 +468,38 @@ mod tests {
         let mut torn = bytes.clone();
         torn[20] ^= 1;
         assert_eq!(SegmentHeader::decode(&torn), Err(HeaderProblem::Checksum));
+    }
+
+    /// The encoding of format 2 as written before keys and values went through
+    /// `serialize_bytes`: serde's default, a sequence of `u8`s.
+    #[derive(Serialize)]
+    struct AsSequences<'a> {
+        table: u16,
+        key: &'a [u8],
+        value: Option<&'a [u8]>,
+    }
+
+    #[test]
+    fn keys_and_values_encode_as_they_did_as_sequences() -> Result<(), postcard::Error> {
+        let long = vec![0xa5; 300]; // a length that takes two varint bytes
+        for (key, value) in [
+            (&b"k"[..], Some(&b"value"[..])),
+            (&long[..], Some(&long[..])),
+            (&b""[..], None),
+        ] {
+            let op = PayloadOp {
+                table: 3,
+                key,
+                value,
+            };
+            let before = AsSequences {
+                table: 3,
+                key,
+                value,
+            };
+            assert_eq!(postcard::to_stdvec(&op)?, postcard::to_stdvec(&before)?);
+        }
+        Ok(())
     }
 
     #[test]
