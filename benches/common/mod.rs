@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use idemstore::redb::TableDefinition;
-use idemstore::{Begin, Execution, Fingerprint, Response, Scope, Store};
+use idemstore::{Begin, BoxError, Execution, Fingerprint, Response, Scope, Store, Tx};
 
 /// The business table every pair writes its row to.
 pub const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
@@ -21,6 +21,14 @@ pub fn scope(tenant: u64, key: String) -> Scope {
     Scope::new(format!("tenant-{}", tenant % 16), "create_order", key).expect("a valid scope")
 }
 
+/// The work of a pair: the ~100-byte order row under `key`, and the ~200-byte response.
+fn order(key: String) -> impl FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static {
+    move |tx| {
+        tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
+        Ok(Response::new(201, BODY.to_vec()))
+    }
+}
+
 /// One pair on `scope`, which must be new.
 pub fn pair(store: &Store, scope: &Scope) {
     let key = scope.key().to_owned();
@@ -30,12 +38,7 @@ pub fn pair(store: &Store, scope: &Scope) {
     else {
         panic!("{scope} was not new");
     };
-    claim
-        .commit(move |tx| {
-            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
-            Ok(Response::new(201, BODY.to_vec()))
-        })
-        .expect("commit");
+    claim.commit(order(key)).expect("commit");
 }
 
 /// [`pair`] through the async API.
@@ -49,13 +52,7 @@ pub async fn pair_async(store: &Store, scope: &Scope) {
     else {
         panic!("{scope} was not new");
     };
-    claim
-        .commit_async(move |tx| {
-            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
-            Ok(Response::new(201, BODY.to_vec()))
-        })
-        .await
-        .expect("commit");
+    claim.commit_async(order(key)).await.expect("commit");
 }
 
 /// The same request as [`pair`] in one step (`Store::execute`): the work is local.
@@ -63,10 +60,7 @@ pub fn execute(store: &Store, scope: &Scope) {
     let key = scope.key().to_owned();
     let fingerprint = Fingerprint::of_bytes(key.as_bytes());
     let done = store
-        .execute(scope, fingerprint, move |tx| {
-            tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
-            Ok(Response::new(201, BODY.to_vec()))
-        })
+        .execute(scope, fingerprint, order(key))
         .expect("execute");
     assert!(
         matches!(done, Execution::Executed(_)),
