@@ -20,6 +20,7 @@
 //! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
 //! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
+//! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //!
 //! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
@@ -150,6 +151,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lease = Duration::from_secs(parsed(&args, "--lease-secs", "EDGE_LEASE_SECS", "30")?);
     let wait = Duration::from_millis(parsed(&args, "--wait-ms", "EDGE_WAIT_MS", "0")?);
     let segment_kb: u64 = parsed(&args, "--log-segment-kb", "EDGE_LOG_SEGMENT_KB", "8192")?;
+    let memory_mb: usize = parsed(&args, "--memory", "EDGE_MEMORY_MB", "64")?;
     let complete_every = Duration::from_millis(parsed(
         &args,
         "--complete-every-ms",
@@ -176,6 +178,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .table(charges::CHARGES)
         .lease(lease)
         .log_segment_bytes(segment_kb * 1024)
+        .memory_budget(memory_mb.saturating_mul(1024 * 1024))
         .checkpoint_bytes((segment_kb * 1024).max(64 * 1024 * 1024));
     if let Some(clock) = &hooks.manual_clock {
         builder = builder.clock(clock.clone());

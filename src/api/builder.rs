@@ -190,6 +190,21 @@ impl Builder {
         self
     }
 
+    /// The memory the store may hold for its data, in bytes: half of it is redb's page cache,
+    /// the rest bounds what the writer keeps between publishes (an epoch's writes, one group,
+    /// one log frame). What it does not bound: a single response up to
+    /// [`max_response_bytes`](Self::max_response_bytes), the number of callers waiting, and the
+    /// allocator's overhead. `cargo bench --bench memory` measures the peak RSS it gives.
+    ///
+    /// Default = 64 MiB, sized for an edge box (512 MB to 2 GB shared with the service). A
+    /// larger budget pays off when the working set of keys read back (replays, lookups) is
+    /// larger than the cache and the disk is slow. Valid: at least 4 MiB.
+    #[must_use]
+    pub fn memory_budget(mut self, bytes: usize) -> Self {
+        self.config.memory_budget = bytes;
+        self
+    }
+
     /// Time after which a checkpoint runs even if little was logged (also when idle).
     ///
     /// Default = 2 s. Valid: 1 ms ..= 1 hour.

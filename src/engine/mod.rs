@@ -130,7 +130,7 @@ impl Engine {
     fn start(storage: Storage, config: Config, tables: Tables) -> Result<Engine, OpenError> {
         let Tables { registry, internal } = tables;
         check_permissions(&storage, &config)?;
-        let db = storage.database()?;
+        let db = storage.database(config.memory().redb_cache)?;
         meta::set_up(&db, &registry, &storage.db_path())?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.

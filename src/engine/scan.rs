@@ -71,6 +71,19 @@ impl Engine {
         Ok(ReadTx::new(txn, self.shared.registry.clone()))
     }
 
+    /// Bytes in redb's page cache now (counted only when redb is built with its
+    /// `cache_metrics` feature, which feature `testing` turns on; else 0).
+    #[cfg(feature = "testing")]
+    pub(crate) fn redb_cache_used(&self) -> Result<usize, StoreError> {
+        use redb::ReadableDatabase as _;
+        Ok(self
+            .shared
+            .db
+            .read(&self.shared.poison)?
+            .cache_stats()
+            .used_bytes())
+    }
+
     /// The store's state and activity. Records by state are as of the last publish (at most
     /// one epoch behind), so that monitoring never waits for a busy writer; they are zero only
     /// while the file itself cannot be read.
@@ -112,6 +125,8 @@ impl Engine {
             waiting: self.shared.watchers.waiting(),
             poisoned: self.shared.poison.check().err().map(|e| e.to_string()),
             loose_permissions: self.storage.loose_permissions().unwrap_or_default(),
+            memory_budget: self.shared.config.memory_budget,
+            redb_cache_bytes: self.shared.config.memory().redb_cache,
             ..Stats::default()
         };
         c.fill(&mut stats);

@@ -62,16 +62,11 @@ use super::poison::PanicGuard;
 use super::replay;
 use super::write_set::WriteSet;
 
-/// Write-set bytes after which a group stops taking requests; the rest wait for the next
-/// group. Bounds a log frame (a single request is bounded by `MAX_REQUEST_BYTES`).
-const GROUP_BYTES: u64 = 64 * 1024 * 1024;
 /// How long an epoch waits for more work before publishing: long enough for clients that were
 /// just answered to send their next request, short enough that an idle store publishes at once.
 const LINGER: Duration = Duration::from_micros(300);
 /// The longest an epoch stays open under load.
 const EPOCH_TIME: Duration = Duration::from_millis(20);
-/// Write-set bytes after which an epoch is published.
-const EPOCH_BYTES: u64 = 32 * 1024 * 1024;
 /// The first wait before a failed checkpoint is tried again; it doubles up to the last.
 const CHECKPOINT_RETRY: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(30));
@@ -365,7 +360,7 @@ impl Writer {
             }
             let more = !checkpoint_due
                 && epoch.needs == Needs::Durable
-                && epoch.bytes < EPOCH_BYTES
+                && epoch.bytes < self.shared.config.memory().epoch
                 && epoch.started.elapsed() < EPOCH_TIME
                 && (!group.is_empty() || self.linger(group));
             if !more {
@@ -602,7 +597,11 @@ impl Writer {
             if !healthy {
                 // redb refuses everything after an I/O error until the file is closed.
                 drop(slot.take());
-                *slot = Some(self.storage.database().map_err(restore_failed)?);
+                *slot = Some(
+                    self.storage
+                        .database(self.shared.config.memory().redb_cache)
+                        .map_err(restore_failed)?,
+                );
             }
             let db = slot.as_ref().ok_or(StoreError::Closed)?;
             catch_unwind(AssertUnwindSafe(|| {
@@ -684,7 +683,7 @@ impl Writer {
     }
 
     /// Runs jobs from the front of `group` (moving each to `done`) until the group is empty,
-    /// its writes pass `GROUP_BYTES`, or a job needs more than durability; in `Wal` mode,
+    /// its writes pass the memory budget's group share, or a job needs more than durability; in `Wal` mode,
     /// encodes their writes as one payload for the log and collects their records for the
     /// overlay.
     ///
@@ -744,7 +743,8 @@ impl Writer {
                 outcome.bytes += writes.bytes();
                 kept.push(writes);
             }
-            if outcome.bytes >= GROUP_BYTES || outcome.needs > Needs::Durable {
+            if outcome.bytes >= self.shared.config.memory().group || outcome.needs > Needs::Durable
+            {
                 break;
             }
         }
@@ -924,6 +924,7 @@ fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
             }
         }),
         shared.counters.log_bytes.clone(),
+        shared.config.memory().frame,
     )
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::error::OpenError;
 use crate::model::clock::{Clock, SystemClock};
+use crate::model::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET, MemoryShares};
 
 /// How a group of requests is made durable before anyone hears of it.
 ///
@@ -122,6 +123,7 @@ pub(crate) struct Config {
     pub(crate) sweep: Sweep,
     pub(crate) self_heal: SelfHeal,
     pub(crate) loose_permissions: LoosePermissions,
+    pub(crate) memory_budget: usize,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -141,12 +143,18 @@ impl Default for Config {
             sweep: Sweep::default(),
             self_heal: SelfHeal::default(),
             loose_permissions: LoosePermissions::default(),
+            memory_budget: DEFAULT_MEMORY_BUDGET,
             clock: Arc::new(SystemClock),
         }
     }
 }
 
 impl Config {
+    /// How the memory budget is shared out.
+    pub(crate) fn memory(&self) -> MemoryShares {
+        MemoryShares::of(self.memory_budget)
+    }
+
     pub(crate) fn validate(&self) -> Result<(), OpenError> {
         let invalid = |setting, reason: String| Err(OpenError::InvalidConfig { setting, reason });
         if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
@@ -221,6 +229,15 @@ impl Config {
                 "self_heal",
                 format!(
                     "backoff from {first:?} to {max:?}: valid is 1 ms <= first <= max <= 1 hour"
+                ),
+            );
+        }
+        if self.memory_budget < MIN_MEMORY_BUDGET {
+            return invalid(
+                "memory_budget",
+                format!(
+                    "{} bytes is under the minimum of 4 MiB ({MIN_MEMORY_BUDGET} bytes)",
+                    self.memory_budget
                 ),
             );
         }

@@ -55,3 +55,6 @@ pub struct Limits {
     /// The largest checkpoint a claim may store.
     pub max_checkpoint_bytes: usize,
 }
+
+/// The memory budget: its default and its minimum (see `Builder::memory_budget`).
+pub use super::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET};

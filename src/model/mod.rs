@@ -11,6 +11,7 @@ pub(crate) mod fingerprint;
 pub(crate) mod jitter;
 pub mod limits;
 pub(crate) mod maintenance;
+pub(crate) mod memory;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod scope;

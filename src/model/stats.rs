@@ -78,4 +78,8 @@ pub struct Stats {
     /// The store's files and directories that other users may read (they should be `0700`
     /// and `0600`: stored responses are private).
     pub loose_permissions: Vec<crate::model::config::LooseFile>,
+    /// The memory budget the store was opened with (`Builder::memory_budget`).
+    pub memory_budget: usize,
+    /// The share of it given to redb's page cache.
+    pub redb_cache_bytes: usize,
 }

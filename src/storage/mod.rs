@@ -80,7 +80,10 @@ impl Storage {
     /// initialized it, so the final name only ever names a complete database; the directory is
     /// synced after the rename, and every directory level `open` created is synced into its
     /// parent, so none of it can vanish in a power cut after a write is acknowledged.
-    pub(crate) fn database(&self) -> Result<Database, OpenError> {
+    ///
+    /// `cache_bytes` is redb's page cache (the memory budget's share): redb's own default is
+    /// 1 GiB.
+    pub(crate) fn database(&self, cache_bytes: usize) -> Result<Database, OpenError> {
         match self {
             Storage::Directory(dir) => {
                 let io = |path: &Path| {
@@ -108,6 +111,7 @@ impl Storage {
                     fs::sync_dir(dir).map_err(io(dir))?;
                 }
                 Database::builder()
+                    .set_cache_size(cache_bytes)
                     .create(&path)
                     .map_err(|e| database_error(&path, e))
             }
@@ -130,6 +134,7 @@ impl Storage {
                     disk.sync_dir("").map_err(io)?;
                 }
                 Database::builder()
+                    .set_cache_size(cache_bytes)
                     .create_with_backend(disk.backend(DB_FILE))
                     .map_err(|e| database_error(Path::new(DB_FILE), e))
             }

@@ -15,3 +15,12 @@ pub use crash::{CaseReport, CrashCase, CrashOp, Fault, Violation, run_case};
 pub use log_decode::{build_segment, check_log_decode};
 pub use sim_disk::{DiskCounters, FaultPlan, SimDisk, Tear};
 pub use workload::{Rng, workload};
+
+/// Bytes in the store's redb page cache now: what a test checks the memory budget against
+/// (redb counts them because feature `testing` turns on its `cache_metrics`).
+///
+/// # Errors
+/// If the database is being reopened after a failure.
+pub fn redb_cache_used_bytes(store: &crate::Store) -> Result<usize, crate::StoreError> {
+    store.engine().redb_cache_used()
+}

@@ -34,9 +34,6 @@ use crate::error::StoreError;
 use super::format::FRAME_HEADER_LEN;
 use super::log::{AppendError, Log};
 
-/// Payload bytes after which the log thread stops adding groups to a frame.
-const FRAME_BYTES: usize = 64 * 1024 * 1024;
-
 /// One group, handed from the writer to the log.
 pub(crate) struct Submission<T> {
     /// The group's encoded payload, or `None` if it wrote nothing. Shared with the writer,
@@ -103,6 +100,9 @@ struct Core<T> {
     /// Frame bytes appended, headers included: a counter the caller owns (and reads live).
     written: Arc<AtomicU64>,
     on_durable: OnDurable<T>,
+    /// Payload bytes after which the thread stops adding groups to a frame (the memory
+    /// budget's share; a single group larger than it is a frame of its own).
+    frame_bytes: u64,
 }
 
 pub(crate) struct LogThread<T> {
@@ -113,11 +113,13 @@ pub(crate) struct LogThread<T> {
 
 impl<T: Send + 'static> LogThread<T> {
     /// Starts the thread. `written` counts the frame bytes it appends (it is the caller's, so
-    /// that it outlives this log and is read without asking it).
+    /// that it outlives this log and is read without asking it). A frame takes groups until
+    /// their payloads pass `frame_bytes`.
     pub(crate) fn start(
         log: Log,
         on_durable: OnDurable<T>,
         written: Arc<AtomicU64>,
+        frame_bytes: u64,
     ) -> std::io::Result<LogThread<T>> {
         let core = Arc::new(Core {
             state: Mutex::new(State {
@@ -132,6 +134,7 @@ impl<T: Send + 'static> LogThread<T> {
             log: Mutex::new(log),
             settled: Condvar::new(),
             on_durable,
+            frame_bytes,
         });
         let (sender, receiver) = channel();
         let worker = core.clone();
@@ -237,9 +240,9 @@ fn run<T>(core: &Core<T>, receiver: &Receiver<Submission<T>>) {
         let mut bytes = 0;
         let mut next = Some(first);
         while let Some(submission) = next.take() {
-            bytes += submission.payload.as_ref().map_or(0, |p| p.len());
+            bytes += submission.payload.as_ref().map_or(0, |p| p.len() as u64);
             batch.push(submission);
-            if bytes < FRAME_BYTES {
+            if bytes < core.frame_bytes {
                 next = receiver.try_recv().ok();
             }
         }
