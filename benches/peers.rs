@@ -12,6 +12,8 @@
 //! Peers:
 //! - idemstore `Wal` and `Redb`: the product, two-phase (a durable claim, then a durable
 //!   commit); and `Wal` with `Store::execute` (claim and commit in one step, for local work);
+//!   and `Wal` two-phase through the async API, 64 tokio tasks on a runtime of 2 workers (what an
+//!   axum service does; the other peers use one OS thread per client);
 //! - naive redb: one durable redb commit per claim and per completion, no batching;
 //! - SQLite (rusqlite, bundled) in WAL journal mode, `synchronous=FULL`: the classic pattern,
 //!   `INSERT ... ON CONFLICT DO NOTHING RETURNING` to claim, then one transaction inserting the
@@ -37,6 +39,8 @@ use idemstore::redb::{self, ReadableTable, TableDefinition};
 use idemstore::{Durability, Fingerprint, Store};
 
 const PRODUCT_CLIENTS: usize = 64;
+/// The async API's row: 64 tokio tasks, two runtime workers.
+const ASYNC: &str = "idemstore Wal async (tokio tasks)";
 /// SQLite's connection counts: its best is usually 1 or 4, its worst 64.
 const SQLITE_CLIENTS: [usize; 4] = [1, 4, 16, 64];
 
@@ -477,6 +481,42 @@ fn run(
     total.load(Ordering::Relaxed) as f64 / elapsed.elapsed().as_secs_f64()
 }
 
+/// Pairs per second from `tasks` tokio tasks on a runtime of two workers (the machine's
+/// cores), each doing two-phase pairs through the async API for `duration`.
+#[cfg(feature = "tokio")]
+fn run_async(store: &Store, tasks: usize, duration: Duration) -> f64 {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let total = std::sync::Arc::new(AtomicU64::new(0));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    runtime.block_on(async {
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let (store, total, stop) = (store.clone(), total.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let (_, key) = key(task, i);
+                        common::pair_async(&store, &common::scope(task as u64, key)).await;
+                        i += 1;
+                    }
+                    total.fetch_add(i, Ordering::Relaxed);
+                })
+            })
+            .collect();
+        let started = Instant::now();
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        for handle in handles {
+            handle.await.expect("a client task");
+        }
+        total.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -602,6 +642,28 @@ fn main() {
             )))
         },
     );
+    #[cfg(feature = "tokio")]
+    {
+        let mut results = Vec::new();
+        for r in 0..runs {
+            let dir = fresh(&format!("async-{r}"));
+            let store = Idemstore::open(&dir, Durability::Wal);
+            results.push(run_async(&store.0, PRODUCT_CLIENTS, duration));
+            drop(store);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        println!(
+            "  {:<28} {PRODUCT_CLIENTS:>2} tasks:   {:>9.0} pairs/s",
+            ASYNC,
+            median(results.clone())
+        );
+        rows.push(Row {
+            name: ASYNC.to_owned(),
+            clients: PRODUCT_CLIENTS,
+            runs: results,
+            durable: "yes",
+        });
+    }
     let mut ceilings = Vec::new();
     for r in 0..runs {
         let dir = fresh(&format!("ceiling-{r}"));
@@ -681,6 +743,8 @@ fn main() {
         ("idemstore Wal execute", "SQLite synchronous=FULL"),
         ("idemstore Wal", "Redis appendfsync=always"),
         ("idemstore Wal execute", "Redis appendfsync=always"),
+        (ASYNC, "Redis appendfsync=always"),
+        (ASYNC, "SQLite synchronous=FULL"),
     ] {
         if let (Some((a, ca)), Some((b, cb))) = (best(ours), best(theirs)) {
             println!(
