@@ -85,11 +85,14 @@ mod error;
 pub mod http;
 mod model;
 pub mod protocol;
+#[cfg(feature = "tokio")]
+pub mod relay;
 mod storage;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wal;
 
+pub use api::outbox::INBOX_OPERATION;
 pub use api::{Begin, Builder, Claim, CommitError, Error, KeepAlive, Store};
 pub use engine::{OwnedValue, ReadTx, Tx};
 pub use error::{
@@ -103,6 +106,7 @@ pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};
 pub use model::maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};
+pub use model::message::{DeadLetter, Message, MessageError};
 pub use model::record::{Record, RecordState};
 pub use model::response::Response;
 pub use model::scope::{Scope, ScopePart};

@@ -14,8 +14,6 @@ use crate::model::limits::MAX_LEASE;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 
-const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
-
 /// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::model::begin::Begin) for each case. The
 /// default claim is the local store's.
 pub type Begin<C = Claim> = crate::model::begin::Begin<C>;
@@ -101,14 +99,7 @@ impl Claim {
     /// release or once the TTL passed, because those start a new operation. 32 lowercase hex
     /// characters, derived from the scope and the first attempt's fence.
     pub fn downstream_key(&self) -> String {
-        let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
-        hasher.update(self.scope.encode());
-        hasher.update(&self.held.origin_fence.to_le_bytes());
-        let hash = hasher.finalize();
-        hash.as_bytes()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        self.scope.downstream_key(self.held.origin_fence)
     }
 
     /// Runs `work` inside the store's writer transaction and stores its response as the

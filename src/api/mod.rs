@@ -8,6 +8,7 @@ pub(crate) mod async_api;
 pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod keep_alive;
+pub(crate) mod outbox;
 pub(crate) mod store;
 
 pub use any_error::Error;

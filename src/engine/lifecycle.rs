@@ -20,6 +20,7 @@ use crate::model::scope::Scope;
 
 use super::context::Context;
 use super::job::{Keep, panic_message};
+use super::outbox;
 use super::registry::TableId;
 use super::tables::{decode_stored, index_bound_after, index_key, split_index_key};
 use super::tx::Tx;
@@ -177,6 +178,7 @@ pub(crate) fn execute(
         Ok(Err(answer)) => return (Keep::Nothing, Ok(answer)),
         Err(e) => return (Keep::Nothing, Err(e.into())),
     };
+    tx.allow_publish(scope.downstream_key(granted.record.origin_fence));
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(UserFailure::Aborted(e)) => return (Keep::Nothing, Err(ExecuteError::Aborted(e))),
@@ -184,6 +186,10 @@ pub(crate) fn execute(
     };
     if let Err(e) = response.validate(ctx.config.max_response_bytes) {
         return (Keep::Nothing, Err(ExecuteError::InvalidResponse(e)));
+    }
+    let published = tx.take_published();
+    if let Err(e) = outbox::record(tx, ctx, published) {
+        return (Keep::Nothing, Err(e.into()));
     }
     let done = decision::completed(&granted.record, response.clone(), ctx.now, ctx.config.ttl);
     write_record(tx, ctx, scope, granted.previous.as_ref(), Some(&done));
@@ -281,12 +287,20 @@ pub(crate) fn commit(
         Ok(held) => held,
         Err(refusal) => return (Keep::Nothing, Err(CommitRefusal::Refused(refusal))),
     };
+    tx.allow_publish(scope.downstream_key(held.origin_fence));
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(failure) => return (Keep::Nothing, Err(CommitRefusal::User(failure))),
     };
     if let Err(e) = response.validate(ctx.config.max_response_bytes) {
         return (Keep::Nothing, Err(CommitRefusal::InvalidResponse(e)));
+    }
+    let published = tx.take_published();
+    if let Err(e) = outbox::record(tx, ctx, published) {
+        return (
+            Keep::Nothing,
+            Err(CommitRefusal::Refused(Refusal::Store(e))),
+        );
     }
     let done = decision::completed(&held, response.clone(), ctx.now, ctx.config.ttl);
     write_record(tx, ctx, scope, Some(&held), Some(&done));

@@ -27,6 +27,7 @@ mod job;
 mod lifecycle;
 mod meta;
 mod open_tables;
+mod outbox;
 mod overlay;
 mod poison;
 mod queue;
@@ -53,10 +54,15 @@ pub use self::tx::{OwnedValue, Tx};
 
 /// The write requests the facades build, one constructor per operation.
 pub(crate) mod request {
+    #[cfg(feature = "tokio")]
+    pub(crate) use super::outbox::settle;
+    pub(crate) use super::outbox::{drop_dead, retry_dead};
     pub(crate) use super::requests::{
         checkpoint, checkpoint_log, commit, extend, forget, release, write,
     };
 }
+#[cfg(feature = "tokio")]
+pub(crate) use self::outbox::Settlement;
 
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, sync_channel};

@@ -25,7 +25,7 @@ use super::tx::Tx;
 pub(crate) struct Request<R>(Box<dyn Work<R>>);
 
 impl<R> Request<R> {
-    fn new(work: impl Work<R>) -> Self {
+    pub(super) fn new(work: impl Work<R>) -> Self {
         Request(Box::new(work))
     }
 

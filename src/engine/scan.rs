@@ -35,6 +35,7 @@ struct Counted {
     tombstones: u64,
     /// `created_at` of the in-progress record whose lease ends first.
     first_in_progress: Option<Timestamp>,
+    outbox: super::outbox::OutboxCounts,
 }
 
 impl Engine {
@@ -125,6 +126,12 @@ impl Engine {
             waiting: self.shared.watchers.waiting(),
             poisoned: self.shared.poison.check().err().map(|e| e.to_string()),
             loose_permissions: self.storage.loose_permissions().unwrap_or_default(),
+            outbox_pending: counted.outbox.pending,
+            oldest_pending_message: counted
+                .outbox
+                .oldest
+                .map(|committed_at| now.saturating_since(committed_at)),
+            dead_letters: counted.outbox.dead_letters,
             memory_budget: self.shared.config.memory_budget,
             redb_cache_bytes: self.shared.config.memory().redb_cache,
             ..Stats::default()
@@ -143,6 +150,7 @@ impl Engine {
             completed: len(tables.expiry)?,
             tombstones: len(tables.tombstones)?,
             first_in_progress: first_in_progress(txn)?,
+            outbox: super::outbox::counts_in(txn)?,
         })
     }
 
@@ -156,7 +164,7 @@ impl Engine {
     }
 
     /// Asks the writer to publish durable groups that redb readers cannot see yet, if any.
-    fn publish_acknowledged(&self) -> Result<(), StoreError> {
+    pub(super) fn publish_acknowledged(&self) -> Result<(), StoreError> {
         if self.shared.overlay.is_unpublished() {
             self.run(requests::publish())?;
         }

@@ -23,10 +23,17 @@ pub(crate) const META: &str = "idemstore.meta";
 /// until (u64 BE) ‖ scope → empty: tombstones by the time they go, for eviction.
 pub(crate) const TOMBSTONES: &str = "idemstore.tombstones";
 
+/// seq (u64 BE) → message: the outbox, committed messages not yet delivered, in commit order.
+pub(crate) const OUTBOX: &str = "idemstore.outbox";
+/// seq (u64 BE) → dead letter: messages the relay gave up on.
+pub(crate) const DEAD_LETTERS: &str = "idemstore.dead_letters";
+
 /// Meta key: the store's format version (u64 LE).
 pub(crate) const META_FORMAT: &[u8] = b"format_version";
 /// Meta key: the next fence to hand out (u64 LE). Fences never repeat for the life of the file.
 pub(crate) const META_NEXT_FENCE: &[u8] = b"next_fence";
+/// Meta key: the next outbox seq to hand out (u64 LE; absent means 1).
+pub(crate) const META_NEXT_MESSAGE: &[u8] = b"next_message";
 /// Meta key: the sequence number of the last log frame durable in redb (u64 LE).
 pub(crate) const META_LOG_CHECKPOINT: &[u8] = b"log_checkpoint";
 
@@ -41,17 +48,21 @@ pub(crate) struct InternalTables {
     pub(crate) leases: TableId,
     pub(crate) meta: TableId,
     pub(crate) tombstones: TableId,
+    pub(crate) outbox: TableId,
+    pub(crate) dead_letters: TableId,
 }
 
 impl InternalTables {
-    /// Their ids, in the order they were registered (0, 1, 2, 3, 4).
-    pub(crate) fn ids(self) -> [TableId; 5] {
+    /// Their ids, in the order they were registered (0 to 6).
+    pub(crate) fn ids(self) -> [TableId; 7] {
         [
             self.records,
             self.expiry,
             self.leases,
             self.meta,
             self.tombstones,
+            self.outbox,
+            self.dead_letters,
         ]
     }
 
@@ -68,6 +79,8 @@ impl InternalTables {
             leases: reg(LEASES),
             meta: reg(META),
             tombstones: reg(TOMBSTONES),
+            outbox: reg(OUTBOX),
+            dead_letters: reg(DEAD_LETTERS),
         }
     }
 }

@@ -13,6 +13,9 @@ use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
 use crate::error::TxError;
 use crate::model::limits::MAX_REQUEST_BYTES;
+use crate::model::message::{
+    MAX_MESSAGES_PER_COMMIT, MAX_PAYLOAD_BYTES, MessageError, check_subject,
+};
 
 use super::open_tables::OpenTables;
 use super::registry::{RawEntries, Registry, TableId};
@@ -60,6 +63,16 @@ pub struct Tx<'g> {
     open: &'g OpenTables<'g>,
     registry: &'g Registry,
     writes: &'g mut WriteSet,
+    /// Messages published by this request, and the stable id prefix they get (a commit's
+    /// downstream key; `None` outside a commit, where publishing is refused).
+    outbox: Outbox,
+}
+
+/// The messages a request publishes, recorded in the outbox if it succeeds.
+#[derive(Debug, Default)]
+pub(crate) struct Outbox {
+    pub(crate) id_prefix: Option<String>,
+    pub(crate) messages: Vec<(String, String, Vec<u8>)>,
 }
 
 impl fmt::Debug for Tx<'_> {
@@ -82,7 +95,52 @@ impl<'g> Tx<'g> {
             open,
             registry,
             writes,
+            outbox: Outbox::default(),
         }
+    }
+
+    /// Records a message in the outbox, in the same transaction as this commit's business
+    /// writes and its completed record: all three are kept, or none is. A relay
+    /// ([`Relay`](crate::relay::Relay), feature `tokio`) delivers it after the commit, at
+    /// least once, in commit order per subject. Returns its stable id, the same on every
+    /// delivery attempt: the claim's `downstream_key()`, a dash, and the message's index in
+    /// this commit.
+    ///
+    /// # Errors
+    /// [`MessageError`] if the subject or payload is refused, more than
+    /// [`MAX_MESSAGES_PER_COMMIT`](crate::limits::MAX_MESSAGES_PER_COMMIT) were
+    /// published, or this is not a commit (`Store::write` has no key to derive ids from).
+    pub fn publish(
+        &mut self,
+        subject: &str,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<String, MessageError> {
+        let Some(prefix) = &self.outbox.id_prefix else {
+            return Err(MessageError::NotInCommit);
+        };
+        check_subject(subject)?;
+        let payload = payload.into();
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(MessageError::PayloadTooLarge { len: payload.len() });
+        }
+        if self.outbox.messages.len() >= MAX_MESSAGES_PER_COMMIT {
+            return Err(MessageError::TooMany);
+        }
+        let id = format!("{prefix}-{}", self.outbox.messages.len());
+        self.outbox
+            .messages
+            .push((id.clone(), subject.to_owned(), payload));
+        Ok(id)
+    }
+
+    /// Lets the request publish, its messages' ids starting with `id_prefix`.
+    pub(crate) fn allow_publish(&mut self, id_prefix: String) {
+        self.outbox.id_prefix = Some(id_prefix);
+    }
+
+    /// The messages published, to record once the request has succeeded.
+    pub(crate) fn take_published(&mut self) -> Vec<(String, String, Vec<u8>)> {
+        std::mem::take(&mut self.outbox.messages)
     }
 
     /// Reads one key.

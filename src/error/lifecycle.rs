@@ -122,6 +122,10 @@ pub enum ExecuteError {
     /// Storage failed; nothing was acknowledged.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// `consume`: the consumer's name or the message id is not a valid scope part. Nothing
+    /// was read or written.
+    #[error("the inbox scope is invalid ({0}); nothing was written")]
+    BadScope(#[from] super::ScopeError),
 }
 
 /// `release`, `extend` or `checkpoint` failed. Nothing was changed.

@@ -58,3 +58,6 @@ pub struct Limits {
 
 /// The memory budget: its default and its minimum (see `Builder::memory_budget`).
 pub use super::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET};
+
+/// Outbox messages: the longest subject, the largest payload, the most per commit.
+pub use super::message::{MAX_MESSAGES_PER_COMMIT, MAX_PAYLOAD_BYTES, MAX_SUBJECT_LEN};

@@ -12,6 +12,7 @@ pub(crate) mod jitter;
 pub mod limits;
 pub(crate) mod maintenance;
 pub(crate) mod memory;
+pub(crate) mod message;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod scope;

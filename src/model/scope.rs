@@ -48,7 +48,24 @@ pub struct Scope {
     operation_len: u8,
 }
 
+/// The domain of the hash that makes downstream keys (and outbox message ids).
+const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
+
 impl Scope {
+    /// The key a claim passes downstream: a hash of the scope and the fence of the operation's
+    /// first attempt, so the same for every attempt and different for a new operation on the
+    /// key after its record went. 32 hex digits.
+    pub(crate) fn downstream_key(&self, origin_fence: u64) -> String {
+        let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
+        hasher.update(self.encode());
+        hasher.update(&origin_fence.to_le_bytes());
+        let hash = hasher.finalize();
+        hash.as_bytes()[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     /// Validates the three parts and builds a scope.
     ///
     /// # Errors

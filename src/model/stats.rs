@@ -78,6 +78,12 @@ pub struct Stats {
     /// The store's files and directories that other users may read (they should be `0700`
     /// and `0600`: stored responses are private).
     pub loose_permissions: Vec<crate::model::config::LooseFile>,
+    /// Outbox messages committed and not yet delivered (or moved to the dead letters).
+    pub outbox_pending: u64,
+    /// Time since the oldest of them was committed. `None` if none is pending.
+    pub oldest_pending_message: Option<Duration>,
+    /// Messages the relay gave up on (`Store::dead_letters`).
+    pub dead_letters: u64,
     /// The memory budget the store was opened with (`Builder::memory_budget`).
     pub memory_budget: usize,
     /// The share of it given to redb's page cache.

@@ -1,0 +1,83 @@
+//! The relay's settings.
+
+use std::time::Duration;
+
+/// How the relay reads, retries and gives up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// Messages read from the outbox per pass. Default 256.
+    pub batch: usize,
+    /// Failed attempts after which a message moves to the dead letters. Default 10.
+    pub max_attempts: u32,
+    /// The wait after a message's first failure; it doubles (with jitter) up to `max_backoff`.
+    /// Default 100 ms.
+    pub first_backoff: Duration,
+    /// The longest wait between attempts of one message. Default 30 s.
+    pub max_backoff: Duration,
+    /// How long one delivery may take before it counts as failed. Default 10 s.
+    pub attempt_timeout: Duration,
+    /// How long the relay sleeps when the outbox is empty before looking again. Default 10 ms.
+    pub idle_poll: Duration,
+}
+
+impl Default for RelayConfig {
+    fn default() -> Self {
+        RelayConfig {
+            batch: 256,
+            max_attempts: 10,
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+            attempt_timeout: Duration::from_secs(10),
+            idle_poll: Duration::from_millis(10),
+        }
+    }
+}
+
+impl RelayConfig {
+    /// Sets [`RelayConfig::max_attempts`] (at least 1).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// Sets the first and the longest wait between attempts.
+    #[must_use]
+    pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.first_backoff = first;
+        self.max_backoff = max.max(first);
+        self
+    }
+
+    /// Sets [`RelayConfig::attempt_timeout`].
+    #[must_use]
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = timeout;
+        self
+    }
+
+    /// Sets [`RelayConfig::idle_poll`].
+    #[must_use]
+    pub fn idle_poll(mut self, poll: Duration) -> Self {
+        self.idle_poll = poll;
+        self
+    }
+
+    /// Sets [`RelayConfig::batch`] (at least 1).
+    #[must_use]
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch.max(1);
+        self
+    }
+
+    /// The wait before attempt `failures + 1`: doubling from `first_backoff`, capped, with up
+    /// to half of it taken off at random so that retries of many messages spread out.
+    pub(crate) fn backoff_after(&self, failures: u32) -> Duration {
+        let doubled = self
+            .first_backoff
+            .saturating_mul(1u32 << failures.saturating_sub(1).min(20));
+        let wait = doubled.min(self.max_backoff);
+        wait.mul_f64(1.0 - 0.5 * crate::model::jitter::random_fraction())
+    }
+}

@@ -1,0 +1,259 @@
+//! The relay's task: passes over the outbox, deliveries, retries, settlements.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::config::RelayConfig;
+use super::counters::{Counters, RelayStats};
+use super::sink::Sink;
+use crate::api::store::Store;
+use crate::engine::{Settlement, request};
+use crate::error::StoreError;
+use crate::model::message::{DeadLetter, Message};
+
+/// A running relay. Dropping it stops the task after its current delivery; [`Relay::stop`]
+/// waits for that.
+#[derive(Debug)]
+pub struct Relay {
+    counters: Arc<Counters>,
+    stop: watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// A message's failed attempts so far (kept in memory: a restart starts the count again).
+#[derive(Debug)]
+struct Failing {
+    attempts: u32,
+    retry_at: Instant,
+}
+
+impl Relay {
+    /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox to `sink`
+    /// until stopped.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn start<S: Sink>(store: &Store, sink: S, config: RelayConfig) -> Relay {
+        let counters = Arc::new(Counters::default());
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(
+            store.clone(),
+            Arc::new(sink),
+            config,
+            counters.clone(),
+            stopped,
+        ));
+        Relay {
+            counters,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// What the relay has done since it started.
+    pub fn stats(&self) -> RelayStats {
+        self.counters.snapshot()
+    }
+
+    /// Stops the relay and waits for its task to end (after the delivery in progress, and the
+    /// settlement of what was delivered).
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn run<S: Sink>(
+    store: Store,
+    sink: Arc<S>,
+    config: RelayConfig,
+    counters: Arc<Counters>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut failing: HashMap<u64, Failing> = HashMap::new();
+    // Seqs settled but possibly still in the published snapshot (until the writer's epoch
+    // is published): never delivered twice because of that lag.
+    let mut settled: HashSet<u64> = HashSet::new();
+    let mut store_backoff = config.first_backoff;
+    while !*stopped.borrow() {
+        Counters::add(&counters.passes, 1);
+        let read = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || store.engine().pending_messages(None, config.batch))
+                .await
+        };
+        let pending = match read {
+            Ok(Ok(pending)) => {
+                store_backoff = config.first_backoff;
+                pending
+            }
+            Ok(Err(e)) => {
+                store_failed(&counters, &e, "reading the outbox");
+                pause(&mut stopped, store_backoff).await;
+                store_backoff = (store_backoff * 2).min(config.max_backoff);
+                continue;
+            }
+            Err(join) => {
+                counters.error(format!("reading the outbox failed to run: {join}"));
+                pause(&mut stopped, config.max_backoff).await;
+                continue;
+            }
+        };
+        let in_snapshot: HashSet<u64> = pending.iter().map(|m| m.seq).collect();
+        settled.retain(|seq| in_snapshot.contains(seq));
+        let full = pending.len() >= config.batch;
+        let pass = deliver_pass(&pending, &settled, &mut failing, &sink, &config, &counters).await;
+        let wake = pass.next_retry;
+        let progressed = !pass.settlement.delivered.is_empty() || !pass.settlement.dead.is_empty();
+        if progressed {
+            let seqs: Vec<u64> = pass
+                .settlement
+                .delivered
+                .iter()
+                .copied()
+                .chain(pass.settlement.dead.iter().map(|d| d.message.seq))
+                .collect();
+            match store
+                .engine()
+                .run_async(request::settle(pass.settlement))
+                .await
+            {
+                Ok(Ok(())) => settled.extend(seqs),
+                Ok(Err(e)) | Err(e) => {
+                    // Delivered but still in the outbox: delivered again later, same ids.
+                    store_failed(&counters, &e, "settling delivered messages");
+                    pause(&mut stopped, store_backoff).await;
+                    continue;
+                }
+            }
+        }
+        if full && progressed {
+            continue;
+        }
+        let now = Instant::now();
+        let sleep = wake.map_or(config.idle_poll, |at| {
+            at.saturating_duration_since(now)
+                .min(config.idle_poll.max(Duration::from_millis(1)))
+        });
+        pause(&mut stopped, sleep.max(Duration::from_millis(1))).await;
+    }
+}
+
+/// What one pass over a batch did.
+struct Pass {
+    settlement: Settlement,
+    /// The earliest retry due among messages that failed.
+    next_retry: Option<Instant>,
+}
+
+/// Delivers the batch in commit order, skipping subjects that have a message waiting for a
+/// retry, so that no message overtakes an earlier one of its subject.
+async fn deliver_pass<S: Sink>(
+    pending: &[Message],
+    settled: &HashSet<u64>,
+    failing: &mut HashMap<u64, Failing>,
+    sink: &Arc<S>,
+    config: &RelayConfig,
+    counters: &Counters,
+) -> Pass {
+    let mut pass = Pass {
+        settlement: Settlement::default(),
+        next_retry: None,
+    };
+    let mut blocked: HashSet<&str> = HashSet::new();
+    for message in pending {
+        if settled.contains(&message.seq) || blocked.contains(message.subject.as_str()) {
+            continue;
+        }
+        if let Some(f) = failing.get(&message.seq)
+            && f.retry_at > Instant::now()
+        {
+            blocked.insert(&message.subject);
+            pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
+            continue;
+        }
+        let error = match attempt(sink, message, config.attempt_timeout).await {
+            Ok(()) => {
+                failing.remove(&message.seq);
+                pass.settlement.delivered.push(message.seq);
+                Counters::add(&counters.delivered, 1);
+                continue;
+            }
+            Err(error) => error,
+        };
+        counters.error(format!(
+            "delivering {} to {}: {error}",
+            message.id, message.subject
+        ));
+        let f = failing.entry(message.seq).or_insert(Failing {
+            attempts: 0,
+            retry_at: Instant::now(),
+        });
+        f.attempts += 1;
+        if f.attempts >= config.max_attempts {
+            tracing::warn!(id = %message.id, subject = %message.subject, attempts = f.attempts, %error, "outbox message moved to the dead letters");
+            pass.settlement.dead.push(DeadLetter {
+                message: message.clone(),
+                attempts: f.attempts,
+                last_error: error,
+                dead_at: store_now(),
+            });
+            failing.remove(&message.seq);
+            Counters::add(&counters.dead_lettered, 1);
+            continue;
+        }
+        Counters::add(&counters.retried, 1);
+        f.retry_at = Instant::now() + config.backoff_after(f.attempts);
+        pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
+        blocked.insert(&message.subject);
+    }
+    pass
+}
+
+/// One delivery, on a task of its own so that a panicking sink fails the attempt, not the
+/// relay; bounded by `timeout`.
+async fn attempt<S: Sink>(
+    sink: &Arc<S>,
+    message: &Message,
+    timeout: Duration,
+) -> Result<(), String> {
+    let (sink, owned) = (sink.clone(), message.clone());
+    let task = tokio::spawn(async move { sink.deliver(&owned).await.map_err(|e| e.to_string()) });
+    let abort = task.abort_handle();
+    match tokio::time::timeout(timeout, task).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(join)) => Err(format!("the sink panicked: {join}")),
+        Err(_) => {
+            abort.abort();
+            Err(format!("no answer within {timeout:?}"))
+        }
+    }
+}
+
+fn store_failed(counters: &Counters, error: &StoreError, doing: &str) {
+    tracing::warn!(%error, "outbox relay: {doing} failed; trying again");
+    counters.error(format!("{doing}: {error}"));
+}
+
+/// The time a dead letter is stamped with (wall clock: it is for operators).
+fn store_now() -> crate::model::clock::Timestamp {
+    use crate::model::clock::Clock as _;
+    crate::model::clock::SystemClock.now()
+}
+
+/// Sleeps for `wait`, or less if the relay is stopped meanwhile.
+async fn pause(stopped: &mut watch::Receiver<bool>, wait: Duration) {
+    let _ = tokio::time::timeout(wait, stopped.wait_for(|stop| *stop)).await;
+}
