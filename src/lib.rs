@@ -73,6 +73,9 @@
 //! - `model` and `error`: values (scope, fingerprint, record, response, clock, the state
 //!   machine's `decision`, limits) and the errors they raise; no I/O.
 //! - `testing` (feature `testing`): the crash harness and the conformance suite.
+//! - `inspect` (feature `cli`): a store's directory read without opening the store, for the
+//!   `idemstore` command-line tool; it reads through `engine`'s table layout, `wal` and
+//!   `storage`, and writes nothing.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
@@ -83,6 +86,8 @@ mod engine;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "cli")]
+pub mod inspect;
 mod model;
 pub mod protocol;
 mod storage;

@@ -51,6 +51,17 @@ pub(crate) use self::requests::Request;
 pub(crate) use self::tables::Tables;
 pub use self::tx::{OwnedValue, Tx};
 
+/// The store's table names, meta keys and index key layout, for reading a store's file
+/// without an engine (`inspect`, feature `cli`): the layout is documented in `docs/design.md`
+/// and is the one thing an offline reader must share with the engine.
+#[cfg(feature = "cli")]
+pub(crate) mod layout {
+    pub(crate) use super::tables::{
+        EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_NEXT_FENCE,
+        RECORDS, TOMBSTONES, index_key, split_index_key,
+    };
+}
+
 /// The write requests the facades build, one constructor per operation.
 pub(crate) mod request {
     pub(crate) use super::requests::{
