@@ -88,6 +88,7 @@ mod error;
 pub mod http;
 #[cfg(feature = "cli")]
 pub mod inspect;
+mod metrics;
 mod model;
 pub mod protocol;
 mod storage;

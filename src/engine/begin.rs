@@ -48,6 +48,7 @@ impl Engine {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<Held>, StoreError> {
+        let started = Instant::now();
         let span = begin_span(scope);
         let _entered = span.enter();
         let answer = match self.read_path(scope, fingerprint) {
@@ -57,7 +58,7 @@ impl Engine {
                 .and_then(|answer| answer),
             Err(e) => Err(e),
         };
-        self.answered(answer)
+        self.answered(answer, started)
     }
 
     /// [`Engine::begin`] for async callers (the read as [`Engine::read_path_async`] runs it).
@@ -67,6 +68,7 @@ impl Engine {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<Held>, StoreError> {
+        let started = Instant::now();
         let span = begin_span(scope);
         let answer = async {
             match self.read_path_async(scope, fingerprint).await? {
@@ -79,7 +81,7 @@ impl Engine {
         }
         .await;
         let _entered = span.enter();
-        self.answered(answer)
+        self.answered(answer, started)
     }
 
     /// Claims and commits in one writer step: `work` runs only when `begin` would have claimed
@@ -91,13 +93,14 @@ impl Engine {
         fingerprint: Fingerprint,
         work: UserWork<Response>,
     ) -> Result<Begin<Response>, ExecuteError> {
+        let started = Instant::now();
         let span = execute_span(scope);
         let _entered = span.enter();
         let answer = match self.read_path(scope, fingerprint)? {
             Some(answer) => Ok(answer),
             None => self.run(requests::execute(scope.clone(), fingerprint, work))?,
         };
-        self.executed(answer)
+        self.executed(answer, started)
     }
 
     /// [`Engine::execute`] for async callers.
@@ -108,6 +111,7 @@ impl Engine {
         fingerprint: Fingerprint,
         work: UserWork<Response>,
     ) -> Result<Begin<Response>, ExecuteError> {
+        let started = Instant::now();
         let span = execute_span(scope);
         let answer = match self.read_path_async(scope, fingerprint).await? {
             Some(answer) => Ok(answer),
@@ -117,17 +121,23 @@ impl Engine {
             }
         };
         let _entered = span.enter();
-        self.executed(answer)
+        self.executed(answer, started)
     }
 
     /// Counts and traces an `execute` answer.
     fn executed(
         &self,
         answer: Result<Begin<Response>, ExecuteError>,
+        started: Instant,
     ) -> Result<Begin<Response>, ExecuteError> {
         match &answer {
             Ok(begun) => {
-                self.shared.counters.answered(begun);
+                let took = started.elapsed();
+                self.shared.counters.answered(begun, took);
+                // One step claimed and committed: the commit is acknowledged with the answer.
+                if let Begin::Claimed(_) | Begin::Recovered(_) = begun {
+                    self.shared.counters.committed(took);
+                }
                 let status = match begun {
                     Begin::Claimed(response)
                     | Begin::Recovered(response)
@@ -263,11 +273,15 @@ impl Engine {
     }
 
     /// Counts and traces a `begin` answer.
-    fn answered(&self, answer: Result<Begin<Held>, StoreError>) -> Result<Begin<Held>, StoreError> {
+    fn answered(
+        &self,
+        answer: Result<Begin<Held>, StoreError>,
+        started: Instant,
+    ) -> Result<Begin<Held>, StoreError> {
         let answer = answer.inspect_err(|e| {
             tracing::warn!(error = %e, "begin failed");
         })?;
-        self.shared.counters.answered(&answer);
+        self.shared.counters.answered(&answer, started.elapsed());
         let outcome = answer.outcome();
         match &answer {
             Begin::Claimed(held) | Begin::Recovered(held) => {

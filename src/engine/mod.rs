@@ -219,6 +219,16 @@ impl Engine {
         }
     }
 
+    /// Counts an acknowledged commit that took `took` from the call.
+    pub(crate) fn committed(&self, took: std::time::Duration) {
+        self.shared.counters.committed(took);
+    }
+
+    /// Counts an acknowledged release.
+    pub(crate) fn released(&self) {
+        self.shared.counters.released();
+    }
+
     /// Counts a refusal of a stale claim and says so in the log; the error to return.
     pub(crate) fn stale(
         &self,
@@ -226,7 +236,7 @@ impl Engine {
         fence: u64,
         reason: crate::error::StaleReason,
     ) -> crate::error::StaleClaim {
-        Counters::add(&self.shared.counters.stale, 1);
+        self.shared.counters.stale();
         tracing::warn!(
             tenant = scope.tenant(),
             operation = scope.operation(),
