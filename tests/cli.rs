@@ -735,3 +735,29 @@ fn every_command_has_help() -> TestResult {
     assert!(top.stdout.contains("dump-log"));
     Ok(())
 }
+
+/// `evict` and `compact` cannot replay a log that writes business tables (only the service
+/// knows their types): they say so in one line, exit 2, and leave the store as it was.
+#[test]
+fn maintenance_on_a_crashed_store_asks_for_the_service_first() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    crashed_store(&dir)?;
+    let before = snapshot(&dir)?;
+    for cmd in ["evict", "compact"] {
+        refused(
+            &[cmd, path(&dir)],
+            &[r#"writes table "orders""#, "start the service once"],
+        )?;
+    }
+    // What the service's open leaves behind for the tool: a clean close checkpoints the log.
+    drop(
+        Store::builder()
+            .table(ORDERS)
+            .sweep(Sweep::Off)
+            .open(&dir)?,
+    );
+    assert_ne!(snapshot(&dir)?, before);
+    assert_eq!(run(&["evict", path(&dir)])?.code, Some(0));
+    Ok(())
+}

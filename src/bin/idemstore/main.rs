@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use idemstore::inspect::{InspectError, holders_of_store};
-use idemstore::{Builder, OpenError, Store};
+use idemstore::{Builder, OpenError, RecoveryError, Store};
 
 use fail::{Fail, Outcome};
 
@@ -29,7 +29,7 @@ use fail::{Fail, Outcome};
 /// Read commands open the store read-only and never change it; a store held open by a running
 /// process cannot be read (ask the service's /stats instead).
 #[derive(Debug, Parser)]
-#[command(name = "idemstore", version, about, long_about = None)]
+#[command(name = "idemstore", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -76,6 +76,11 @@ fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Re
             path: dir.to_path_buf(),
             holders: holders_of_store(dir),
         }),
+        // The tool knows no business table's types, so it cannot replay a log that writes
+        // one; the service can.
+        OpenError::Recovery(RecoveryError::UnknownTable { table, .. }) => Fail::Input(format!(
+            "the log past the last checkpoint writes table {table:?}, which only the service can open (it knows its types): start the service once and stop it cleanly (its close checkpoints the log), then run this again"
+        )),
         other => Fail::Input(other.to_string()),
     })
 }
