@@ -294,3 +294,41 @@ impl redb::StorageBackend for CopyOnWrite {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use redb::StorageBackend;
+
+    use super::*;
+
+    /// Writes land in memory across page boundaries, reads merge them over the file, growth
+    /// reads as zeros, and the file itself is never changed.
+    #[test]
+    fn copy_on_write_keeps_writes_in_memory_and_the_file_untouched() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("db");
+        let original: Vec<u8> = (0..3 * PAGE).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &original)?;
+        let backend = CopyOnWrite::open(&path)?;
+
+        let patch = vec![0xAA; 100];
+        backend.write(PAGE - 50, &patch)?; // straddles pages 0 and 1
+        backend.set_len(4 * PAGE)?;
+        backend.write(3 * PAGE + 10, &[1, 2, 3])?; // past the file's end
+
+        let mut all = vec![0u8; (4 * PAGE) as usize];
+        backend.read(0, &mut all)?;
+        let mut expected = original.clone();
+        expected.resize((4 * PAGE) as usize, 0);
+        expected[(PAGE - 50) as usize..(PAGE + 50) as usize].copy_from_slice(&patch);
+        expected[(3 * PAGE + 10) as usize..(3 * PAGE + 13) as usize].copy_from_slice(&[1, 2, 3]);
+        assert_eq!(all, expected);
+        let mut middle = vec![0u8; 10];
+        backend.read(PAGE - 5, &mut middle)?;
+        assert_eq!(middle, vec![0xAA; 10]);
+        assert_eq!(backend.len()?, 4 * PAGE);
+
+        assert_eq!(std::fs::read(&path)?, original, "the file is never written");
+        Ok(())
+    }
+}
