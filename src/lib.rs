@@ -104,7 +104,7 @@ pub use error::{
     StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use model::config::{Durability, LooseFile, LoosePermissions, SelfHeal, Sweep};
+pub use model::config::{Durability, LooseFile, LoosePermissions, MetricLabels, SelfHeal, Sweep};
 pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};

@@ -44,16 +44,23 @@ pub(crate) const LOG_SINCE_CHECKPOINT: &str = "idemstore_log_bytes_since_checkpo
 /// Size of the database file.
 pub(crate) const FILE_BYTES: &str = "idemstore_file_bytes";
 
-/// Counts a `begin` answer and its latency. `outcome` is one of six fixed names.
+/// Counts a `begin` answer and its latency. `outcome` is one of six fixed names; `tenant` is
+/// `Some` only when the user opted in (`MetricLabels::WithTenant`).
 #[inline]
-pub(crate) fn begin(outcome: &'static str, took: Duration) {
+pub(crate) fn begin(outcome: &'static str, tenant: Option<&str>, took: Duration) {
     #[cfg(feature = "metrics")]
     {
-        metrics::counter!(BEGIN, "outcome" => outcome).increment(1);
+        match tenant {
+            Some(tenant) => metrics::counter!(
+                BEGIN, "outcome" => outcome, "tenant" => tenant.to_owned()
+            )
+            .increment(1),
+            None => metrics::counter!(BEGIN, "outcome" => outcome).increment(1),
+        }
         metrics::histogram!(BEGIN_SECONDS, "outcome" => outcome).record(took.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (BEGIN, BEGIN_SECONDS, outcome, took);
+    let _ = (BEGIN, BEGIN_SECONDS, outcome, tenant, took);
 }
 
 /// Adds `n` to a counter without labels.

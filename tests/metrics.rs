@@ -138,5 +138,28 @@ fn metrics_count_what_the_workload_did() -> TestResult {
     assert_eq!(get("idemstore_records{state=completed}"), 0.0);
     assert_eq!(get("idemstore_oldest_in_progress_seconds"), 0.0);
     assert!(get("idemstore_file_bytes") > 0.0);
+    assert!(
+        m.keys().all(|k| !k.contains("tenant")),
+        "no tenant label unless asked for: {m:#?}"
+    );
+
+    // Opted in: the tenant labels `idemstore_begin_total`, and nothing else.
+    let labelled = Store::builder()
+        .metric_labels(idemstore::MetricLabels::WithTenant)
+        .sweep(Sweep::Off)
+        .open(tmp.path().join("labelled"))?;
+    let tenant_scope = idemstore::Scope::new("acct_9", "op", "key")?;
+    assert!(matches!(
+        labelled.begin(&tenant_scope, fp("x"))?,
+        Begin::Claimed(_)
+    ));
+    let m = snapshot(&snapshotter);
+    assert_eq!(
+        m.get("idemstore_begin_total{outcome=claimed,tenant=acct_9}"),
+        Some(&1.0),
+        "{m:#?}"
+    );
+    // (A snapshot drains counters: the unlabelled series saw no new claim.)
+    assert_eq!(m.get("idemstore_begin_total{outcome=claimed}"), Some(&0.0));
     Ok(())
 }

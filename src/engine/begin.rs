@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
+use crate::model::config::MetricLabels;
 use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::record::Record;
@@ -58,7 +59,7 @@ impl Engine {
                 .and_then(|answer| answer),
             Err(e) => Err(e),
         };
-        self.answered(answer, started)
+        self.answered(answer, scope, started)
     }
 
     /// [`Engine::begin`] for async callers (the read as [`Engine::read_path_async`] runs it).
@@ -81,7 +82,7 @@ impl Engine {
         }
         .await;
         let _entered = span.enter();
-        self.answered(answer, started)
+        self.answered(answer, scope, started)
     }
 
     /// Claims and commits in one writer step: `work` runs only when `begin` would have claimed
@@ -100,7 +101,7 @@ impl Engine {
             Some(answer) => Ok(answer),
             None => self.run(requests::execute(scope.clone(), fingerprint, work))?,
         };
-        self.executed(answer, started)
+        self.executed(answer, scope, started)
     }
 
     /// [`Engine::execute`] for async callers.
@@ -121,19 +122,22 @@ impl Engine {
             }
         };
         let _entered = span.enter();
-        self.executed(answer, started)
+        self.executed(answer, scope, started)
     }
 
     /// Counts and traces an `execute` answer.
     fn executed(
         &self,
         answer: Result<Begin<Response>, ExecuteError>,
+        scope: &Scope,
         started: Instant,
     ) -> Result<Begin<Response>, ExecuteError> {
         match &answer {
             Ok(begun) => {
                 let took = started.elapsed();
-                self.shared.counters.answered(begun, took);
+                self.shared
+                    .counters
+                    .answered(begun, self.tenant_label(scope), took);
                 // One step claimed and committed: the commit is acknowledged with the answer.
                 if let Begin::Claimed(_) | Begin::Recovered(_) = begun {
                     self.shared.counters.committed(took);
@@ -272,16 +276,27 @@ impl Engine {
         Begin::without_writing(decided)
     }
 
+    /// The tenant, as a metric label, if the user opted in to it.
+    fn tenant_label<'s>(&self, scope: &'s Scope) -> Option<&'s str> {
+        match self.shared.config.metric_labels {
+            MetricLabels::WithTenant => Some(scope.tenant()),
+            _ => None,
+        }
+    }
+
     /// Counts and traces a `begin` answer.
     fn answered(
         &self,
         answer: Result<Begin<Held>, StoreError>,
+        scope: &Scope,
         started: Instant,
     ) -> Result<Begin<Held>, StoreError> {
         let answer = answer.inspect_err(|e| {
             tracing::warn!(error = %e, "begin failed");
         })?;
-        self.shared.counters.answered(&answer, started.elapsed());
+        self.shared
+            .counters
+            .answered(&answer, self.tenant_label(scope), started.elapsed());
         let outcome = answer.outcome();
         match &answer {
             Begin::Claimed(held) | Begin::Recovered(held) => {

@@ -78,9 +78,15 @@ impl Default for Counters {
 }
 
 impl Counters {
-    /// Counts a `begin` answer that took `took` (from the call to the answer).
-    pub(crate) fn answered<C>(&self, answer: &Begin<C>, took: std::time::Duration) {
-        metrics::begin(answer.outcome(), took);
+    /// Counts a `begin` answer that took `took` (from the call to the answer); `tenant` only
+    /// where the user opted in to the label.
+    pub(crate) fn answered<C>(
+        &self,
+        answer: &Begin<C>,
+        tenant: Option<&str>,
+        took: std::time::Duration,
+    ) {
+        metrics::begin(answer.outcome(), tenant, took);
         Self::add(
             match answer {
                 Begin::Claimed(_) => &self.claims,

@@ -107,6 +107,22 @@ pub enum LoosePermissions {
     Refuse,
 }
 
+/// Which labels the store's metrics carry (feature `metrics`; without it, nothing is emitted).
+///
+/// Every series a label value creates is kept by the exporter for the life of the process, so
+/// labels are bounded by default: an outcome or a record state, never a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MetricLabels {
+    /// Outcome and state labels only: a fixed number of series. The default.
+    #[default]
+    Bounded,
+    /// Also a `tenant` label on `idemstore_begin_total`: per-tenant replay, conflict and
+    /// mismatch rates, at one more series per tenant and outcome. Only for a bounded set of
+    /// tenants (a few hundred), and only where tenant names may appear in monitoring.
+    WithTenant,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Duration,
@@ -122,6 +138,7 @@ pub(crate) struct Config {
     pub(crate) sweep: Sweep,
     pub(crate) self_heal: SelfHeal,
     pub(crate) loose_permissions: LoosePermissions,
+    pub(crate) metric_labels: MetricLabels,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -141,6 +158,7 @@ impl Default for Config {
             sweep: Sweep::default(),
             self_heal: SelfHeal::default(),
             loose_permissions: LoosePermissions::default(),
+            metric_labels: MetricLabels::default(),
             clock: Arc::new(SystemClock),
         }
     }
