@@ -73,6 +73,9 @@
 //! - `model` and `error`: values (scope, fingerprint, record, response, clock, the state
 //!   machine's `decision`, limits) and the errors they raise; no I/O.
 //! - `testing` (feature `testing`): the crash harness and the conformance suite.
+//! - `inspect` (feature `cli`): a store's directory read without opening the store, for the
+//!   `idemstore` command-line tool; it reads through `engine`'s table layout, `wal` and
+//!   `storage`, and writes nothing.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
@@ -83,6 +86,9 @@ mod engine;
 mod error;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "cli")]
+pub mod inspect;
+mod metrics;
 mod model;
 pub mod protocol;
 #[cfg(feature = "tokio")]
@@ -101,7 +107,7 @@ pub use error::{
     StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use model::config::{Durability, LooseFile, LoosePermissions, SelfHeal, Sweep};
+pub use model::config::{Durability, LooseFile, LoosePermissions, MetricLabels, SelfHeal, Sweep};
 pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};

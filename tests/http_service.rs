@@ -664,3 +664,63 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
     assert_eq!(stats["health"]["writable"], true, "{stats}");
     Ok(())
 }
+
+/// `GET /metrics` after a known workload (two charges, a retry replayed, a key reused for
+/// another request): the store's counters and gauges in Prometheus text, matching what
+/// happened.
+#[cfg(feature = "metrics")]
+#[test]
+fn metrics_are_scraped_in_prometheus_text_after_a_known_workload() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let service = Service::start(dir.path(), &[])?;
+    for key in ["metrics-1", "metrics-2"] {
+        let created = service.charge(ALICE, Some(key), &charge_body(100))?;
+        assert_eq!(created.status, 201, "{}", created.body);
+    }
+    let retry = service.charge(ALICE, Some("metrics-1"), &charge_body(100))?;
+    assert!(retry.replayed, "{}", retry.body);
+    let reused = service.charge(ALICE, Some("metrics-1"), &charge_body(999))?;
+    assert_eq!(reused.status, 422);
+
+    let page = service.get("/metrics", "")?;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.content_type.starts_with("text/plain"),
+        "{}",
+        page.content_type
+    );
+    let value = |series: &str| -> Option<f64> {
+        page.body
+            .lines()
+            .find(|line| line.starts_with(series) && line[series.len()..].starts_with(' '))
+            .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+    };
+    assert_eq!(
+        value(r#"idemstore_begin_total{outcome="claimed"}"#),
+        Some(2.0),
+        "{}",
+        page.body
+    );
+    assert_eq!(
+        value(r#"idemstore_begin_total{outcome="replay"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(r#"idemstore_begin_total{outcome="mismatch"}"#),
+        Some(1.0)
+    );
+    assert_eq!(value("idemstore_commits_total"), Some(2.0));
+    assert_eq!(value(r#"idemstore_records{state="completed"}"#), Some(2.0));
+    assert_eq!(
+        value(r#"idemstore_records{state="in_progress"}"#),
+        Some(0.0)
+    );
+    assert!(value("idemstore_file_bytes").is_some_and(|b| b > 0.0));
+    assert!(
+        !page.body.contains("acct_alice") && !page.body.contains("metrics-1"),
+        "no tenant or key in a label"
+    );
+    // The processor's side effects agree: two charges.
+    assert_eq!(service.stats()?["processor"]["side_effects"], 2);
+    Ok(())
+}

@@ -23,6 +23,9 @@
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //!
+//! `GET /metrics` serves the store's metrics in Prometheus text format (run with `--features
+//! metrics` for the store to emit them; the table is in the README, "Operating it").
+//!
 //! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
 //! a manual clock advanced by `POST /_test/clock?advance_secs=N`; `EDGE_PAUSE_AFTER_CHARGE=1`
 //! makes `POST /charges` print `PAUSED <key>` and hang after the processor call.
@@ -57,6 +60,9 @@ struct Hooks {
 #[derive(Clone)]
 struct App {
     store: Store,
+    /// The Prometheus recorder's handle, to render `/metrics`; `None` if another recorder
+    /// was installed first (in a test process, say).
+    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     processor: Processor,
     lease: Duration,
     hooks: Hooks,
@@ -118,6 +124,29 @@ async fn advance_clock(State(app): State<App>, Query(q): Query<Advance>) -> Resp
     }
 }
 
+/// `GET /metrics`: the store's metrics in Prometheus text format (README, "Operating it").
+/// Outside the authentication layer, as scrapers expect: no label holds a tenant or a key, so
+/// it shows volumes and health, never whose requests; serve it on an internal address only.
+/// The store's counters need the `metrics` feature; without it the page is empty.
+async fn metrics(State(app): State<App>) -> Response {
+    let Some(handle) = &app.metrics else {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no-metrics",
+            "another metrics recorder was installed in this process",
+        );
+    };
+    // Store::stats sets the gauges (records by state, oldest in progress, file size).
+    if let Err(e) = app.store.stats() {
+        tracing::warn!(error = %e, "stats for /metrics failed");
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
+}
+
 fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
@@ -133,6 +162,7 @@ fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
         .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
     Router::new()
         .merge(api)
+        .route("/metrics", get(metrics))
         .route("/_test/clock", post(advance_clock))
         .with_state(app)
 }
@@ -143,6 +173,11 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::INFO)
         .init();
+    // Before the store opens, so that nothing it counts is lost.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .inspect_err(|e| tracing::warn!(error = %e, "no /metrics"))
+        .ok();
     let args: Vec<String> = std::env::args().collect();
     let addr: SocketAddr = parsed(&args, "--addr", "EDGE_ADDR", "127.0.0.1:3000")?;
     let data = PathBuf::from(setting(&args, "--data", "EDGE_DATA", "idemstore-data"));
@@ -194,6 +229,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let processor = Processor::open(&ledger, timeout_rate, Duration::from_millis(latency))?;
     let app = App {
         store: store.clone(),
+        metrics,
         processor,
         lease,
         hooks,

@@ -119,13 +119,14 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
+        let started = std::time::Instant::now();
         let answer = self
             .store()
             .engine()
             .run_async(self.commit_request(work))
             .await;
         let _entered = self.span("commit").entered();
-        self.committed(answer)
+        self.committed(answer, started)
     }
 
     /// [`Claim::release`] for async callers.
@@ -138,7 +139,11 @@ impl Claim {
             .engine()
             .run_async(self.release_request())
             .await;
-        self.refused(answer)
+        let released = self.refused(answer);
+        if released.is_ok() {
+            self.store().engine().released();
+        }
+        released
     }
 
     /// [`Claim::extend`] for async callers.

@@ -9,7 +9,7 @@ use crate::api::store::Store;
 use crate::engine::Tables;
 use crate::error::OpenError;
 use crate::model::clock::Clock;
-use crate::model::config::{Config, Durability, LoosePermissions, SelfHeal, Sweep};
+use crate::model::config::{Config, Durability, LoosePermissions, MetricLabels, SelfHeal, Sweep};
 use crate::storage::Storage;
 
 /// Settings for [`Store::open`](crate::Store::open). Every setting is checked at `open`; an
@@ -129,6 +129,16 @@ impl Builder {
     #[must_use]
     pub fn loose_permissions(mut self, policy: LoosePermissions) -> Self {
         self.config.loose_permissions = policy;
+        self
+    }
+
+    /// Which labels the store's metrics carry (feature `metrics`; see [`MetricLabels`]): opt
+    /// in to a `tenant` label on `idemstore_begin_total` here.
+    ///
+    /// Default = [`MetricLabels::Bounded`] (no tenant, no key).
+    #[must_use]
+    pub fn metric_labels(mut self, labels: MetricLabels) -> Self {
+        self.config.metric_labels = labels;
         self
     }
 

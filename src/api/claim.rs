@@ -118,10 +118,11 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
+        let started = std::time::Instant::now();
         let span = self.span("commit");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.commit_request(work));
-        self.committed(answer)
+        self.committed(answer, started)
     }
 
     /// Gives the scope up: the work did not happen (no side effect), and the next `begin` of
@@ -133,7 +134,11 @@ impl Claim {
         let span = self.span("release");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.release_request());
-        self.refused(answer)
+        let released = self.refused(answer);
+        if released.is_ok() {
+            self.store.engine().released();
+        }
+        released
     }
 
     /// Moves the end of the lease to `lease` from now, for work that runs long.
@@ -195,9 +200,11 @@ impl Claim {
     pub(crate) fn committed(
         self,
         answer: Result<Result<Response, CommitRefusal>, StoreError>,
+        started: std::time::Instant,
     ) -> Result<Response, CommitError> {
         let refusal = match answer {
             Ok(Ok(response)) => {
+                self.store.engine().committed(started.elapsed());
                 tracing::debug!(status = response.status(), "committed");
                 return Ok(response);
             }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
+use crate::model::config::MetricLabels;
 use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::record::Record;
@@ -48,6 +49,7 @@ impl Engine {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<Held>, StoreError> {
+        let started = Instant::now();
         let span = begin_span(scope);
         let _entered = span.enter();
         let answer = match self.read_path(scope, fingerprint) {
@@ -57,7 +59,7 @@ impl Engine {
                 .and_then(|answer| answer),
             Err(e) => Err(e),
         };
-        self.answered(answer)
+        self.answered(answer, scope, started)
     }
 
     /// [`Engine::begin`] for async callers (the read as [`Engine::read_path_async`] runs it).
@@ -67,6 +69,7 @@ impl Engine {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<Held>, StoreError> {
+        let started = Instant::now();
         let span = begin_span(scope);
         let answer = async {
             match self.read_path_async(scope, fingerprint).await? {
@@ -79,7 +82,7 @@ impl Engine {
         }
         .await;
         let _entered = span.enter();
-        self.answered(answer)
+        self.answered(answer, scope, started)
     }
 
     /// Claims and commits in one writer step: `work` runs only when `begin` would have claimed
@@ -91,13 +94,14 @@ impl Engine {
         fingerprint: Fingerprint,
         work: UserWork<Response>,
     ) -> Result<Begin<Response>, ExecuteError> {
+        let started = Instant::now();
         let span = execute_span(scope);
         let _entered = span.enter();
         let answer = match self.read_path(scope, fingerprint)? {
             Some(answer) => Ok(answer),
             None => self.run(requests::execute(scope.clone(), fingerprint, work))?,
         };
-        self.executed(answer)
+        self.executed(answer, scope, started)
     }
 
     /// [`Engine::execute`] for async callers.
@@ -108,6 +112,7 @@ impl Engine {
         fingerprint: Fingerprint,
         work: UserWork<Response>,
     ) -> Result<Begin<Response>, ExecuteError> {
+        let started = Instant::now();
         let span = execute_span(scope);
         let answer = match self.read_path_async(scope, fingerprint).await? {
             Some(answer) => Ok(answer),
@@ -117,17 +122,26 @@ impl Engine {
             }
         };
         let _entered = span.enter();
-        self.executed(answer)
+        self.executed(answer, scope, started)
     }
 
     /// Counts and traces an `execute` answer.
     fn executed(
         &self,
         answer: Result<Begin<Response>, ExecuteError>,
+        scope: &Scope,
+        started: Instant,
     ) -> Result<Begin<Response>, ExecuteError> {
         match &answer {
             Ok(begun) => {
-                self.shared.counters.answered(begun);
+                let took = started.elapsed();
+                self.shared
+                    .counters
+                    .answered(begun, self.tenant_label(scope), took);
+                // One step claimed and committed: the commit is acknowledged with the answer.
+                if let Begin::Claimed(_) | Begin::Recovered(_) = begun {
+                    self.shared.counters.committed(took);
+                }
                 let status = match begun {
                     Begin::Claimed(response)
                     | Begin::Recovered(response)
@@ -262,12 +276,27 @@ impl Engine {
         Begin::without_writing(decided)
     }
 
+    /// The tenant, as a metric label, if the user opted in to it.
+    fn tenant_label<'s>(&self, scope: &'s Scope) -> Option<&'s str> {
+        match self.shared.config.metric_labels {
+            MetricLabels::WithTenant => Some(scope.tenant()),
+            _ => None,
+        }
+    }
+
     /// Counts and traces a `begin` answer.
-    fn answered(&self, answer: Result<Begin<Held>, StoreError>) -> Result<Begin<Held>, StoreError> {
+    fn answered(
+        &self,
+        answer: Result<Begin<Held>, StoreError>,
+        scope: &Scope,
+        started: Instant,
+    ) -> Result<Begin<Held>, StoreError> {
         let answer = answer.inspect_err(|e| {
             tracing::warn!(error = %e, "begin failed");
         })?;
-        self.shared.counters.answered(&answer);
+        self.shared
+            .counters
+            .answered(&answer, self.tenant_label(scope), started.elapsed());
         let outcome = answer.outcome();
         match &answer {
             Begin::Claimed(held) | Begin::Recovered(held) => {

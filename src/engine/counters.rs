@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use crate::metrics;
 use crate::model::begin::Begin;
 use crate::model::stats::{GROUP_SIZE_BUCKETS, Stats};
 
@@ -42,6 +43,9 @@ pub(crate) struct Counters {
     /// Completed records evicted, and tombstones removed.
     pub(crate) evicted: AtomicU64,
     pub(crate) tombstones_removed: AtomicU64,
+    /// Commits and releases acknowledged (durable).
+    pub(crate) commits: AtomicU64,
+    pub(crate) releases: AtomicU64,
 }
 
 impl Default for Counters {
@@ -67,13 +71,22 @@ impl Default for Counters {
             stale: AtomicU64::default(),
             evicted: AtomicU64::default(),
             tombstones_removed: AtomicU64::default(),
+            commits: AtomicU64::default(),
+            releases: AtomicU64::default(),
         }
     }
 }
 
 impl Counters {
-    /// Counts a `begin` answer.
-    pub(crate) fn answered<C>(&self, answer: &Begin<C>) {
+    /// Counts a `begin` answer that took `took` (from the call to the answer); `tenant` only
+    /// where the user opted in to the label.
+    pub(crate) fn answered<C>(
+        &self,
+        answer: &Begin<C>,
+        tenant: Option<&str>,
+        took: std::time::Duration,
+    ) {
+        metrics::begin(answer.outcome(), tenant, took);
         Self::add(
             match answer {
                 Begin::Claimed(_) => &self.claims,
@@ -119,8 +132,55 @@ impl Counters {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Counts an acknowledged commit that took `took`.
+    pub(crate) fn committed(&self, took: std::time::Duration) {
+        Self::add(&self.commits, 1);
+        metrics::count(metrics::COMMITS, 1);
+        metrics::seconds(metrics::COMMIT_SECONDS, took);
+    }
+
+    /// Counts an acknowledged release.
+    pub(crate) fn released(&self) {
+        Self::add(&self.releases, 1);
+        metrics::count(metrics::RELEASES, 1);
+    }
+
+    /// Counts a refusal of a stale claim.
+    pub(crate) fn stale(&self) {
+        Self::add(&self.stale, 1);
+        metrics::count(metrics::STALE, 1);
+    }
+
+    /// Counts what an eviction pass removed.
+    pub(crate) fn evicted(&self, records: u64, tombstones: u64) {
+        Self::add(&self.evicted, records);
+        Self::add(&self.tombstones_removed, tombstones);
+        metrics::count(metrics::EVICTED, records);
+        metrics::count(metrics::TOMBSTONES_REMOVED, tombstones);
+    }
+
+    /// Counts an in-place recovery.
+    pub(crate) fn restored(&self) {
+        Self::add(&self.restores, 1);
+        metrics::count(metrics::RESTORES, 1);
+    }
+
+    /// Counts a checkpoint: nothing left in the log to replay.
+    pub(crate) fn checkpointed(&self) {
+        Self::add(&self.checkpoints, 1);
+        metrics::count(metrics::CHECKPOINTS, 1);
+        self.log_since(0);
+    }
+
+    /// Publishes the log bytes a crash now would replay.
+    pub(crate) fn log_since(&self, bytes: u64) {
+        self.log_since_checkpoint.store(bytes, Ordering::Relaxed);
+        metrics::gauge(metrics::LOG_SINCE_CHECKPOINT, bytes as f64);
+    }
+
     /// Counts one writer group of `size` requests.
     pub(crate) fn group(&self, size: usize) {
+        metrics::group(size);
         let bucket = (usize::BITS - size.max(1).leading_zeros() - 1) as usize;
         Self::add(&self.group_sizes[bucket.min(GROUP_SIZE_BUCKETS - 1)], 1);
     }

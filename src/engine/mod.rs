@@ -52,6 +52,17 @@ pub(crate) use self::requests::Request;
 pub(crate) use self::tables::Tables;
 pub use self::tx::{OwnedValue, Tx};
 
+/// The store's table names, meta keys and index key layout, for reading a store's file
+/// without an engine (`inspect`, feature `cli`): the layout is documented in `docs/design.md`
+/// and is the one thing an offline reader must share with the engine.
+#[cfg(feature = "cli")]
+pub(crate) mod layout {
+    pub(crate) use super::tables::{
+        EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_NEXT_FENCE,
+        RECORDS, TOMBSTONES, index_key, split_index_key,
+    };
+}
+
 /// The write requests the facades build, one constructor per operation.
 pub(crate) mod request {
     #[cfg(feature = "tokio")]
@@ -214,6 +225,16 @@ impl Engine {
         }
     }
 
+    /// Counts an acknowledged commit that took `took` from the call.
+    pub(crate) fn committed(&self, took: std::time::Duration) {
+        self.shared.counters.committed(took);
+    }
+
+    /// Counts an acknowledged release.
+    pub(crate) fn released(&self) {
+        self.shared.counters.released();
+    }
+
     /// Counts a refusal of a stale claim and says so in the log; the error to return.
     pub(crate) fn stale(
         &self,
@@ -221,7 +242,7 @@ impl Engine {
         fence: u64,
         reason: crate::error::StaleReason,
     ) -> crate::error::StaleClaim {
-        Counters::add(&self.shared.counters.stale, 1);
+        self.shared.counters.stale();
         tracing::warn!(
             tenant = scope.tenant(),
             operation = scope.operation(),

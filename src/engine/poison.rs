@@ -51,6 +51,7 @@ impl Poison {
                 "idemstore is poisoned: writes are refused until it recovers from its log"
             );
             *cause = Some((text, error.io_kind()));
+            crate::metrics::count(crate::metrics::POISONED, 1);
             self.set.store(true, Ordering::Release);
         }
     }

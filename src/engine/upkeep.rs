@@ -7,7 +7,6 @@ use crate::model::maintenance::{Compacted, Evicted};
 use crate::wal::RecoveryReport;
 
 use super::Engine;
-use super::counters::Counters;
 use super::requests;
 
 /// redb compacts in passes; more than this many passes that all moved something is unusual.
@@ -30,11 +29,7 @@ impl Engine {
     /// Counts and traces what an eviction pass removed.
     fn evicted(&self, evicted: Evicted) -> Evicted {
         let counters = &self.shared.counters;
-        Counters::add(&counters.evicted, evicted.removed as u64);
-        Counters::add(
-            &counters.tombstones_removed,
-            evicted.tombstones_removed as u64,
-        );
+        counters.evicted(evicted.removed as u64, evicted.tombstones_removed as u64);
         tracing::debug!(
             removed = evicted.removed,
             tombstones_removed = evicted.tombstones_removed,

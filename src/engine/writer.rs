@@ -636,7 +636,7 @@ impl Writer {
         self.shared.poison.clear();
         self.checkpoint_soon_if_replayed();
         report.duration = started.elapsed();
-        Counters::add(&self.shared.counters.restores, 1);
+        self.shared.counters.restored();
         tracing::info!(
             frames_replayed = report.frames_replayed,
             reopened = reopen == Reopen::Always,
@@ -650,10 +650,7 @@ impl Writer {
     /// Publishes the log's bytes since the checkpoint to the stats.
     fn count_log(&self) {
         if let Some(log) = self.log.as_ref() {
-            let counters = &self.shared.counters;
-            counters
-                .log_since_checkpoint
-                .store(log.since_checkpoint(), Ordering::Relaxed);
+            self.shared.counters.log_since(log.since_checkpoint());
         }
     }
 
@@ -879,11 +876,7 @@ impl Writer {
         tracing::debug!(seq, "checkpoint");
         self.checkpoint_retry.reset();
         self.last_checkpoint = Instant::now();
-        Counters::add(&self.shared.counters.checkpoints, 1);
-        self.shared
-            .counters
-            .log_since_checkpoint
-            .store(0, Ordering::Relaxed);
+        self.shared.counters.checkpointed();
         let since_open = self
             .last_checkpoint
             .duration_since(self.shared.counters.opened);

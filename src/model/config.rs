@@ -108,6 +108,22 @@ pub enum LoosePermissions {
     Refuse,
 }
 
+/// Which labels the store's metrics carry (feature `metrics`; without it, nothing is emitted).
+///
+/// Every series a label value creates is kept by the exporter for the life of the process, so
+/// labels are bounded by default: an outcome or a record state, never a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MetricLabels {
+    /// Outcome and state labels only: a fixed number of series. The default.
+    #[default]
+    Bounded,
+    /// Also a `tenant` label on `idemstore_begin_total`: per-tenant replay, conflict and
+    /// mismatch rates, at one more series per tenant and outcome. Only for a bounded set of
+    /// tenants (a few hundred), and only where tenant names may appear in monitoring.
+    WithTenant,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) ttl: Duration,
@@ -124,6 +140,7 @@ pub(crate) struct Config {
     pub(crate) self_heal: SelfHeal,
     pub(crate) loose_permissions: LoosePermissions,
     pub(crate) memory_budget: usize,
+    pub(crate) metric_labels: MetricLabels,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -144,6 +161,7 @@ impl Default for Config {
             self_heal: SelfHeal::default(),
             loose_permissions: LoosePermissions::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,
+            metric_labels: MetricLabels::default(),
             clock: Arc::new(SystemClock),
         }
     }

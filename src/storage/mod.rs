@@ -6,6 +6,8 @@
 
 mod dir;
 mod fs;
+#[cfg(feature = "cli")]
+mod read_only;
 
 use std::fmt;
 use std::io;
@@ -19,6 +21,8 @@ use crate::model::config::LooseFile;
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
+#[cfg(feature = "cli")]
+pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";

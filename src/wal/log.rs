@@ -280,7 +280,9 @@ impl Log {
             .file
             .write_at(segment.end, &self.buf)
             .map_err(AppendError::NotWritten)?;
+        let syncing = std::time::Instant::now();
         segment.file.sync_data().map_err(AppendError::Unknown)?;
+        crate::metrics::seconds(crate::metrics::LOG_SYNC_SECONDS, syncing.elapsed());
         segment.end += frame_len;
         segment.last_seq = Some(seq);
         self.next_seq += 1;

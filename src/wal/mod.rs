@@ -14,6 +14,8 @@
 //! - `recovery`: reading the segments back.
 
 pub(crate) mod format;
+#[cfg(feature = "cli")]
+pub(crate) mod listing;
 mod log;
 mod log_thread;
 mod recovery;

@@ -1,0 +1,120 @@
+//! Why a store directory could not be inspected.
+
+use std::path::PathBuf;
+
+use crate::error::RecoveryError;
+
+/// A process that has a store's database file open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its process id.
+    pub pid: u32,
+    /// Its command name, when the system shows it.
+    pub name: Option<String>,
+}
+
+/// A store directory could not be inspected. Nothing was changed on disk.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    /// The path does not exist, or is not a directory.
+    #[error("no such directory: {path}; give the directory the store was opened in")]
+    NoSuchDirectory {
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The directory holds no store, or a file that is not one.
+    #[error("{path} is not an idemstore store: {reason}")]
+    NotAStore {
+        /// The directory.
+        path: PathBuf,
+        /// What is missing or wrong.
+        reason: String,
+    },
+    /// A running process has the store open: redb allows one writer and no reader beside it.
+    #[error(
+        "{path} is in use by {}, stop it or use the service's /stats",
+        describe(holders)
+    )]
+    InUse {
+        /// The store's directory.
+        path: PathBuf,
+        /// The processes found holding the database file (empty if the system does not say).
+        holders: Vec<Holder>,
+    },
+    /// redb could not open or read the database file.
+    #[error(
+        "cannot read the database {path}: {detail}; if the file is damaged, restore it from a backup"
+    )]
+    Database {
+        /// The database file.
+        path: PathBuf,
+        /// redb's message.
+        detail: String,
+    },
+    /// The store's metadata is missing or damaged.
+    #[error(
+        "the store's metadata entry {key:?} is damaged ({detail}); restore the store from a backup"
+    )]
+    CorruptMeta {
+        /// The meta key.
+        key: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// The store was written by a format this build does not read.
+    #[error(
+        "the store is in format version {found}, this build reads version {supported}; use the matching idemstore"
+    )]
+    UnsupportedFormat {
+        /// The version found.
+        found: u64,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The write-ahead log cannot be read back (damage in the middle, a missing segment, a
+    /// segment of another format): the message names the segment and offset.
+    #[error(transparent)]
+    Log(#[from] RecoveryError),
+    /// A record does not decode.
+    #[error(
+        "the record of {scope} is damaged ({detail}); run `idemstore verify` and restore from a backup"
+    )]
+    CorruptRecord {
+        /// The record's scope.
+        scope: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A file of the store could not be read.
+    #[error("cannot read {path}: {source}; check permissions")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+fn describe(holders: &[Holder]) -> String {
+    if holders.is_empty() {
+        return "another process (its pid is not visible to this user)".into();
+    }
+    let each: Vec<String> = holders
+        .iter()
+        .map(|h| match &h.name {
+            Some(name) => format!("process {} ({name})", h.pid),
+            None => format!("process {}", h.pid),
+        })
+        .collect();
+    each.join(", ")
+}
+
+impl InspectError {
+    pub(crate) fn database(path: PathBuf, e: impl std::fmt::Display) -> InspectError {
+        InspectError::Database {
+            path,
+            detail: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! Reading a store's directory without opening the store (feature `cli`): what the `idemstore`
+//! command-line tool shows an operator.
+//!
+//! An [`Inspector`] opens the database with [`redb::ReadOnlyDatabase`] and reads the log's
+//! segments with files opened for reading: it never creates, writes, replays or truncates
+//! anything, so a store can be looked at after a crash exactly as the crash left it. What the
+//! log holds past the last checkpoint (acknowledged writes a replay would apply at the next
+//! open) is laid over the database's tables in memory, so answers match what the store would
+//! say once opened.
+//!
+//! redb admits no reader beside a writer: a store open in a running process cannot be
+//! inspected, and [`InspectError::InUse`] names the process (ask the service's own stats
+//! instead).
+//!
+//! ```
+//! use idemstore::inspect::{Filter, Inspector, LogDamage, StateFilter};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # drop(idemstore::Store::open(dir.path())?);
+//! let inspector = Inspector::open(dir.path(), LogDamage::Refuse)?;
+//! let stuck = inspector.records(&Filter {
+//!     state: StateFilter::InProgress,
+//!     tenant: None,
+//!     older_than: Some(std::time::Duration::from_secs(300)),
+//!     limit: 100,
+//! })?;
+//! assert!(stuck.is_empty());
+//! assert!(inspector.verify()?.is_sound());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - `open`: the read-only view (database and log overlay);
+//! - `records`: records, listings and the summary;
+//! - `log`: every frame of the log;
+//! - `verify`: the consistency checks;
+//! - `error`: why a directory cannot be inspected.
+
+mod error;
+mod log;
+mod open;
+mod records;
+mod verify;
+
+pub use error::{Holder, InspectError};
+pub use log::{FrameStatus, LogFrame, LogOp, OpKind, SegmentDamage};
+pub use open::{Closed, FrameAt, Inspector, LogDamage, holders_of_store};
+pub use records::{Entry, Filter, StateFilter, Summary};
+pub use verify::{Problem, Verification};
