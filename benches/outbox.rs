@@ -39,7 +39,10 @@ impl Sink for Accept {
 fn pair(store: &Store, i: u64, publish: bool) {
     let key = format!("k{i:012}");
     let Begin::Claimed(claim) = store
-        .begin(&scope(i, key.clone()), Fingerprint::of_bytes(key.as_bytes()))
+        .begin(
+            &scope(i, key.clone()),
+            Fingerprint::of_bytes(key.as_bytes()),
+        )
         .expect("begin")
     else {
         panic!("{key} was not new");
@@ -127,7 +130,8 @@ fn main() {
         drop(store);
         let dir = tempfile::tempdir().expect("dir");
         let store = open(dir.path());
-        let relay = runtime.block_on(async { Relay::start(&store, Accept, RelayConfig::default()) });
+        let relay =
+            runtime.block_on(async { Relay::start(&store, Accept, RelayConfig::default()) });
         with.push(pairs_per_s(&store, true, duration));
         let delivered = relay.stats().delivered;
         runtime.block_on(relay.stop());
@@ -179,14 +183,21 @@ fn main() {
     });
     let started = Instant::now();
     let relay = runtime.block_on(async {
-        Relay::start(&store, JetStreamSink::new(js.clone()), RelayConfig::default())
+        Relay::start(
+            &store,
+            JetStreamSink::new(js.clone()),
+            RelayConfig::default(),
+        )
     });
     while store.exact_stats().expect("stats").outbox_pending > 0 {
         std::thread::sleep(Duration::from_millis(5));
     }
     let rate = n as f64 / started.elapsed().as_secs_f64();
     runtime.block_on(relay.stop());
-    println!("relay into JetStream: {n} messages in {:.2} s, {rate:.0} messages/s", started.elapsed().as_secs_f64());
+    println!(
+        "relay into JetStream: {n} messages in {:.2} s, {rate:.0} messages/s",
+        started.elapsed().as_secs_f64()
+    );
     drop(store);
 
     // Latency: one client, a commit every 2 ms, 2,000 commits.

@@ -16,6 +16,9 @@ use super::auth::Caller;
 use super::processor::{Outcome, ProcessorCharge};
 use super::{App, problem};
 
+/// The event every recorded charge publishes (its payload: the charge as JSON).
+pub(crate) const CHARGES_CREATED: &str = "charges.created";
+
 /// `tenant/charge id` → the charge as JSON. Written in the same commit as the response.
 pub(crate) const CHARGES: TableDefinition<&str, &[u8]> = TableDefinition::new("charges");
 
@@ -186,9 +189,12 @@ impl Recorded {
         })
     }
 
-    /// Writes the charge row and answers the response, in the commit's transaction.
+    /// Writes the charge row, publishes `charges.created` through the outbox, and answers the
+    /// response, all in the commit's transaction: the event exists if and only if the charge
+    /// is recorded.
     fn commit(self, tx: &mut idemstore::Tx<'_>) -> Result<idemstore::Response, BoxError> {
         tx.insert(&CHARGES, self.row.as_str(), self.json.as_slice())?;
+        tx.publish(CHARGES_CREATED, self.json.clone())?;
         Ok(idemstore::Response::new(201, self.json)
             .with_header("content-type", "application/json")
             .with_header("location", self.location))
@@ -318,6 +324,9 @@ pub(crate) async fn stats(
             "completed": stats.completed,
             "tombstones": stats.tombstones,
             "oldest_in_progress_secs": secs(stats.oldest_in_progress),
+            "outbox_pending": stats.outbox_pending,
+            "oldest_pending_message_secs": secs(stats.oldest_pending_message),
+            "dead_letters": stats.dead_letters,
             "log_bytes_since_checkpoint": stats.log_bytes_since_checkpoint,
             "claims": stats.claims,
             "recoveries": stats.recoveries,

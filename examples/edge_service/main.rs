@@ -20,6 +20,7 @@
 //! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
 //! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
+//! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` |
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //!
@@ -247,6 +248,9 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .start()
     };
 
+    let nats = setting(&args, "--nats", "EDGE_NATS", "");
+    let _relay = start_relay(&store, &nats).await?;
+
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!(
@@ -260,4 +264,41 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     drop(completer);
     Ok(())
+}
+
+/// With `--nats URL`, a relay that publishes the outbox's `charges.created` events to the
+/// JetStream stream `CHARGES` (made if missing), exactly once by message id. Without it, none:
+/// the events wait in the outbox.
+#[cfg(feature = "nats")]
+async fn start_relay(
+    store: &Store,
+    url: &str,
+) -> Result<Option<idemstore::relay::Relay>, Box<dyn std::error::Error>> {
+    if url.is_empty() {
+        return Ok(None);
+    }
+    let client = async_nats::connect(url).await?;
+    let jetstream = async_nats::jetstream::new(client);
+    jetstream
+        .get_or_create_stream(async_nats::jetstream::stream::Config {
+            name: "CHARGES".into(),
+            subjects: vec!["charges.>".into()],
+            ..Default::default()
+        })
+        .await?;
+    println!("publishing charges.created to JetStream at {url}");
+    Ok(Some(idemstore::relay::Relay::start(
+        store,
+        idemstore::relay::JetStreamSink::new(jetstream),
+        idemstore::relay::RelayConfig::default(),
+    )))
+}
+
+#[cfg(not(feature = "nats"))]
+async fn start_relay(store: &Store, url: &str) -> Result<Option<()>, Box<dyn std::error::Error>> {
+    let _ = store;
+    if url.is_empty() {
+        return Ok(None);
+    }
+    Err("--nats needs the example built with feature nats: cargo run --release --example edge_service --features nats -- --nats URL".into())
 }
