@@ -101,14 +101,7 @@ impl Claim {
     /// release or once the TTL passed, because those start a new operation. 32 lowercase hex
     /// characters, derived from the scope and the first attempt's fence.
     pub fn downstream_key(&self) -> String {
-        let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
-        hasher.update(self.scope.encode());
-        hasher.update(&self.held.origin_fence.to_le_bytes());
-        let hash = hasher.finalize();
-        hash.as_bytes()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        downstream_key(&self.scope, self.held.origin_fence)
     }
 
     /// Runs `work` inside the store's writer transaction and stores its response as the
@@ -377,4 +370,17 @@ impl LeaseHandle {
     pub(crate) fn lease(&self) -> Duration {
         self.store.limits().lease
     }
+}
+
+/// The downstream key of the operation first claimed with `origin_fence`: the same for every
+/// attempt of it, new after a release or an eviction. Every backend derives it this way.
+pub(crate) fn downstream_key(scope: &Scope, origin_fence: u64) -> String {
+    let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
+    hasher.update(scope.encode());
+    hasher.update(&origin_fence.to_le_bytes());
+    let hash = hasher.finalize();
+    hash.as_bytes()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
