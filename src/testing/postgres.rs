@@ -50,7 +50,8 @@ pub fn unique_prefix(tag: &str) -> String {
     )
 }
 
-/// Drops the tables, sequence and indexes of every prefix in `prefixes` (best effort: a
+/// Drops the tables, sequence and indexes of every prefix in `prefixes`, and every other
+/// table whose name starts with one of them (best effort: a
 /// failure is printed, not raised, because it runs from `Drop`). Blocks, on a thread of its
 /// own, so it may run inside or outside a runtime.
 pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
@@ -72,6 +73,24 @@ pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
                     sqlx::query(sqlx::AssertSqlSafe(statement))
                         .execute(&pool)
                         .await?;
+                }
+                // And the tables a test made under the same prefix (its business tables).
+                let others: Vec<String> = sqlx::query_scalar(
+                    "SELECT tablename::text FROM pg_tables \
+                     WHERE schemaname = current_schema() AND starts_with(tablename, $1)",
+                )
+                .bind(&prefix)
+                .fetch_all(&pool)
+                .await?;
+                for table in others {
+                    let plain = table
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                    if plain {
+                        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+                            .execute(&pool)
+                            .await?;
+                    }
                 }
             }
             pool.close().await;
