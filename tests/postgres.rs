@@ -344,7 +344,15 @@ async fn the_pool_reconnects_after_its_connection_is_killed() -> TestResult {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    // The only pooled connection is dead; the next calls get a new one.
+    // The only pooled connection is dead. A call that runs on it fails with a clear error
+    // (never hangs, never a wrong answer); the pool replaces it, and the next calls succeed.
+    match store.begin(&scope("c2"), fp("r")).await {
+        Ok(begin) => {
+            claimed(begin)?.release().await?;
+        }
+        Err(StoreError::Backend { message }) => assert!(!message.is_empty()),
+        Err(other) => return Err(format!("a lost connection: {other:?}").into()),
+    }
     claim.complete(Response::new(201, "after the kill")).await?;
     match store.begin(&scope("c1"), fp("r")).await? {
         Begin::Replay(r) => assert_eq!(r.body(), b"after the kill"),

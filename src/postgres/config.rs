@@ -12,6 +12,9 @@ use crate::model::clock::{Clock, duration_millis};
 use crate::model::config::Sweep;
 use crate::model::limits::{MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_TTL};
 
+/// A pooled connection idle this long is pinged before it is used.
+const IDLE_PING: Duration = Duration::from_secs(1);
+
 /// The settings an open store runs with.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -195,9 +198,22 @@ impl PgBuilder {
             "statement_timeout",
             duration_millis(self.timeout).to_string(),
         )]);
+        // A connection idle for a while is pinged before use, so one that died (a restarted
+        // server, a dropped idle connection) is replaced; a hot one is not, which would cost a
+        // round trip per call. A connection that dies while in use fails its call with
+        // `StoreError::Backend` and is replaced by the next.
         let pool = PgPoolOptions::new()
             .max_connections(self.pool_size)
             .acquire_timeout(self.timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await
             .map_err(connect)?;
