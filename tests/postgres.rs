@@ -360,3 +360,48 @@ async fn the_pool_reconnects_after_its_connection_is_killed() -> TestResult {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn the_sweeper_evicts_what_is_due_in_batches() -> TestResult {
+    let prefix = Prefix::new("sweep");
+    let clock = clock();
+    let store = prefix
+        .builder(&clock)
+        .ttl(Duration::from_secs(60))
+        .sweep(Sweep::Every {
+            interval: Duration::from_millis(20),
+            batch: 2,
+        })
+        .open()
+        .await
+        .map_err(|e| unreachable(&prefix.url, &e))?;
+    for i in 0..5 {
+        let claim = claimed(store.begin(&scope(&format!("s{i}")), fp("r")).await?)?;
+        claim.complete(Response::new(200, "done")).await?;
+    }
+    let held = claimed(store.begin(&scope("held"), fp("r")).await?)?;
+    // Nothing is due yet: several sweeps later every record is still there.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(store.stats().await?.completed, 5);
+    clock.advance(Duration::from_secs(61));
+    // The sweeper runs on its own; wait (bounded) for it to have evicted all five.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = store.stats().await?;
+        // The counter follows the database's delete: wait for both.
+        if stats.completed == 0 && stats.evicted == 5 {
+            assert_eq!(
+                stats.in_progress, 1,
+                "in-progress records are never evicted"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sweeper did not run: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await?;
+    Ok(())
+}

@@ -57,3 +57,39 @@ pub(crate) async fn timed<T>(
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_without_an_answer_is_unknown_and_one_refused_is_not() {
+        let lost = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        ));
+        assert!(matches!(
+            commit_failed(&lost),
+            StoreError::OutcomeUnknown { .. }
+        ));
+        let refused = backend("claim", &sqlx::Error::PoolTimedOut);
+        assert!(
+            matches!(&refused, StoreError::Backend { message } if message.contains("acquire timeout"))
+        );
+        assert!(refused.is_transient());
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_limit_fails_instead_of_hanging() {
+        let hung = timed(
+            Duration::from_millis(20),
+            "claim",
+            std::future::pending::<Result<(), sqlx::Error>>(),
+        )
+        .await;
+        assert!(
+            matches!(&hung, Err(StoreError::Backend { message }) if message.contains("no answer")),
+            "{hung:?}"
+        );
+    }
+}
