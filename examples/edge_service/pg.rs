@@ -48,7 +48,14 @@ pub(crate) async fn open(
     let mut builder = PgStore::builder(url)
         .prefix(&std::env::var("EDGE_PG_PREFIX").unwrap_or_else(|_| "edge_".to_owned()))
         .lease(lease)
-        .pool_size(32);
+        // Each instance's share of the database's connections (PostgreSQL's default
+        // max_connections is 100): `EDGE_PG_POOL`, default 16.
+        .pool_size(
+            std::env::var("EDGE_PG_POOL")
+                .ok()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(16),
+        );
     if let Some(clock) = &hooks.manual_clock {
         builder = builder.clock(clock.clone());
     }

@@ -147,7 +147,7 @@ impl Harness for Postgres {
             .tombstone_ttl(settings.tombstone_ttl)
             .clock(clock)
             .sweep(Sweep::Off)
-            .pool_size(16)
+            .pool_size(8)
             .open()
             .await
             .map_err(|e| unreachable(&self.url, &e))
