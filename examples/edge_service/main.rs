@@ -22,7 +22,7 @@
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
-//! | `--pg-url` | `EDGE_PG_URL` | `postgres://postgres@127.0.0.1:5432/test` (with `--backend postgres`; tables prefixed `EDGE_PG_PREFIX`, default `edge_`) |
+//! | `--pg-url` | `EDGE_PG_URL` | `postgres://postgres@127.0.0.1:5432/test` (with `--backend postgres`; tables prefixed `EDGE_PG_PREFIX`, default `edge_`; pool `EDGE_PG_POOL`, default 16 connections) |
 //!
 //! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
 //! a manual clock advanced by `POST /_test/clock?advance_secs=N`; `EDGE_PAUSE_AFTER_CHARGE=1`

@@ -64,7 +64,10 @@ pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
             .enable_all()
             .build()?;
         runtime.block_on(async move {
-            let pool = sqlx::PgPool::connect(&url).await?;
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .acquire_timeout(std::time::Duration::from_secs(5))
+                .connect(&url)
+                .await?;
             for prefix in prefixes {
                 let Ok(names) = Names::new(&prefix) else {
                     continue;
