@@ -405,3 +405,59 @@ async fn the_sweeper_evicts_what_is_due_in_batches() -> TestResult {
     held.release().await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn only_a_waited_for_completion_notifies_and_its_waiter_gets_the_response() -> TestResult {
+    let prefix = Prefix::new("notify");
+    let clock = clock();
+    let store = prefix.open(&clock).await?;
+    let mut listener = sqlx::postgres::PgListener::connect(&prefix.url).await?;
+    listener.listen(&prefix.table("done")).await?;
+
+    // Nobody waits for this one: no notification (a notifying commit serializes).
+    let alone = claimed(store.begin(&scope("n-alone"), fp("r")).await?)?;
+    alone.complete(Response::new(201, "alone")).await?;
+
+    let key = scope("n-waited");
+    let holder = claimed(store.begin(&key, fp("r")).await?)?;
+    let waiter = tokio::spawn({
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            store
+                .begin_or_wait(&key, fp("r"), Duration::from_secs(30))
+                .await
+        }
+    });
+    // Wait (bounded) until the waiter has asked to be notified.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let marked: Option<bool> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT waiters FROM {} WHERE key = 'n-waited'",
+            prefix.table("records")
+        )))
+        .fetch_optional(store.pool())
+        .await?;
+        if marked == Some(true) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiter never marked the key"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.complete(Response::new(201, "waited")).await?;
+    match waiter.await?? {
+        Begin::Replay(r) => assert_eq!(r.body(), b"waited"),
+        other => return Err(format!("the waiter got {}", other.outcome()).into()),
+    }
+    let first = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await??;
+    let expected: String = key.encode().iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(
+        first.payload(),
+        expected,
+        "the first notification is the waited key's"
+    );
+    assert!(listener.next_buffered().is_none(), "one notification");
+    Ok(())
+}

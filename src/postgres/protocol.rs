@@ -61,6 +61,11 @@ impl Protocol for PgStore {
             if now >= deadline {
                 return Ok(answer);
             }
+            // Ask the holder's completion or release to notify (only waited-for keys are
+            // notified). Nothing in progress any more: it finished meanwhile; ask again now.
+            if !self.mark_waiting(scope).await? {
+                continue;
+            }
             let wait = (deadline - now)
                 .min(retry_after.max(Duration::from_millis(1)))
                 .min(poll);

@@ -76,6 +76,7 @@ impl Names {
                     lease_until_ms bigint,
                     expires_ms bigint,
                     checkpoint bytea,
+                    waiters boolean NOT NULL DEFAULT false,
                     completed_ms bigint,
                     status integer,
                     headers bytea,
@@ -99,6 +100,7 @@ impl Names {
     }
 
     /// The objects `migrate` creates, for dropping them (tests).
+    #[cfg(feature = "testing")]
     pub(crate) fn drop_statements(&self) -> Vec<String> {
         vec![
             format!("DROP TABLE IF EXISTS {}", self.records),

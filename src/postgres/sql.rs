@@ -29,6 +29,9 @@ pub(crate) struct Sql {
     pub(crate) complete: Arc<str>,
     /// `$1..$3` scope, `$4` fence, `$5` payload.
     pub(crate) release: Arc<str>,
+    /// Asks for a notification when the holder finishes: `$1..$3` scope. A row if the scope
+    /// is still in progress.
+    pub(crate) mark_waiting: Arc<str>,
     /// `$1..$3` scope, `$4` fence, `$5` lease ms, `$6` now, `$7` never shorten.
     pub(crate) extend: Arc<str>,
     /// `$1..$3` scope, `$4` fence, `$5` checkpoint.
@@ -71,6 +74,7 @@ impl Sql {
                      fingerprint = EXCLUDED.fingerprint,
                      state = {IN_PROGRESS},
                      lease_until_ms = EXCLUDED.lease_until_ms,
+                     waiters = false,
                      expires_ms = NULL, completed_ms = NULL,
                      status = NULL, headers = NULL, body = NULL
                  WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
@@ -89,7 +93,9 @@ impl Sql {
                 now4 = now(4)
             )
             .into(),
-            // The notification is sent only if the update happened, and only on commit.
+            // The notification is sent only if the update happened and someone waits for it
+            // (`waiters`), and only on commit. Not for every completion: PostgreSQL serializes
+            // the commits of transactions that notify, which would undo its group commit.
             complete: format!(
                 "WITH t AS (SELECT {now6} AS now),
                  done AS (
@@ -97,16 +103,23 @@ impl Sql {
                          expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
                          checkpoint = NULL, status = $7, headers = $8, body = $9
                      FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                     RETURNING r.completed_ms)
-                 SELECT done.completed_ms FROM done, LATERAL (SELECT pg_notify('{channel}', $10)) AS n",
+                     RETURNING r.completed_ms, r.waiters)
+                 SELECT done.completed_ms FROM done
+                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true",
                 now6 = now(6)
             )
             .into(),
             release: format!(
                 "WITH gone AS (
                      DELETE FROM {r} AS r WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                     RETURNING r.fence)
-                 SELECT gone.fence FROM gone, LATERAL (SELECT pg_notify('{channel}', $5)) AS n"
+                     RETURNING r.fence, r.waiters)
+                 SELECT gone.fence FROM gone
+                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $5) WHERE gone.waiters) AS n ON true"
+            )
+            .into(),
+            mark_waiting: format!(
+                "UPDATE {r} AS r SET waiters = true
+                 WHERE {pk} AND r.state = {IN_PROGRESS} RETURNING r.fence"
             )
             .into(),
             extend: format!(

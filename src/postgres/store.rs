@@ -91,9 +91,10 @@ const RACES: usize = 8;
 ///   instances with skewed clocks agree on leases and TTLs. Tests replace it with a
 ///   [`ManualClock`](crate::ManualClock) through [`PgBuilder::clock`]: the statements then
 ///   take the time as a parameter instead, and are otherwise the same.
-/// - **`begin_or_wait`** wakes on `NOTIFY` (sent by every completion and release, on commit),
-///   and polls at a bounded interval (50 ms doubling to 1 s) in case a notification was
-///   missed.
+/// - **`begin_or_wait`** marks the record as waited for, and wakes on the `NOTIFY` its
+///   completion or release then sends (on commit); it also polls at a bounded interval (50 ms
+///   doubling to 1 s) in case a notification was missed. Records nobody waits for are not
+///   notified: PostgreSQL serializes the commits of notifying transactions.
 /// - **Eviction** walks partial indexes (`expires_ms WHERE state = completed`, and one for
 ///   tombstones) in bounded batches with `FOR UPDATE SKIP LOCKED`; a sweeper task runs it as
 ///   the local store's sweeper does ([`PgBuilder::sweep`]).
@@ -297,6 +298,23 @@ impl PgStore {
             )
             .into(),
         })
+    }
+
+    /// Marks `scope`'s in-progress record as waited for, so that its completion or release
+    /// notifies; false if it is no longer in progress.
+    pub(crate) async fn mark_waiting(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let marked = timed(
+            self.call_limit(),
+            "wait for a holder",
+            sqlx::query(AssertSqlSafe(inner.sql.mark_waiting.clone()))
+                .bind(scope.tenant())
+                .bind(scope.operation())
+                .bind(scope.key())
+                .fetch_optional(&inner.pool),
+        )
+        .await?;
+        Ok(marked.is_some())
     }
 
     /// Evicts up to `limit` due records: completed ones first (deleted, or turned into
