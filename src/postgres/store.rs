@@ -102,8 +102,9 @@ const RACES: usize = 8;
 ///   the session's `statement_timeout`, and a client-side limit for a connection that hangs).
 ///   A failure that acknowledged nothing is [`StoreError::Backend`]; a `COMMIT` whose answer
 ///   was lost is [`StoreError::OutcomeUnknown`]: `begin` for the key tells whether it landed.
-///   The pool tests connections before use and opens new ones, so a restarted database is
-///   picked up by the next call.
+///   The pool pings a connection idle for a second or more before using it, and replaces a
+///   connection that failed; a restarted database is picked up without a restart of the
+///   service (a call that was running on a connection as it died fails, the next succeeds).
 ///
 /// Schema (created by an embedded, versioned, idempotent migration under the
 /// [prefix](PgBuilder::prefix)): `<prefix>records` (primary key `(tenant, operation, key)`;
