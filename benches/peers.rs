@@ -25,7 +25,12 @@
 //!   client thread. No business row and no transaction tying it to the record: generous to
 //!   Redis. Skipped, saying why, when `redis-server` is not installed;
 //! - the CPU ceiling: redb with non-durable commits, batched, doing the same writes in one
-//!   thread. Nothing that stores in redb can beat it.
+//!   thread. Nothing that stores in redb can beat it;
+//! - with `--features postgres`: idemstore's PostgreSQL backend (`PgStore`: `begin`, then the
+//!   claim's transaction with the business row, then `PgTx::commit`) at 1 and 64 clients, and
+//!   the hand-written PostgreSQL pattern (`INSERT ... ON CONFLICT DO NOTHING RETURNING` to
+//!   claim, then one transaction with the business row and an `UPDATE`) at 1 client and at 64
+//!   with pools of 8 to 64, in the database at `IDEMSTORE_PG_URL`.
 
 mod common;
 
@@ -438,6 +443,243 @@ fn ceiling(dir: &Path, duration: Duration) -> f64 {
     pairs as f64 / started.elapsed().as_secs_f64()
 }
 
+// --------------------------------------------------------------------------------- PostgreSQL
+
+/// The PostgreSQL peers (feature `postgres`), in the database at `IDEMSTORE_PG_URL` (default
+/// the machine's, `postgres://postgres@127.0.0.1:5432/test`), each run under a table prefix of
+/// its own, dropped afterwards. Client threads drive a shared tokio runtime with `block_on`,
+/// as the other peers' threads call their stores.
+#[cfg(feature = "postgres")]
+mod postgres_peers {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use idemstore::sqlx::{self, AssertSqlSafe, PgPool};
+    use idemstore::{Begin, Fingerprint, PgStore, Protocol, Response, Scope, Sweep};
+
+    use super::{BODY, Made, Peer, ROW, key};
+
+    /// Statements per pair, both peers: the claim; then BEGIN, the business row, the
+    /// completion UPDATE and COMMIT, all through sqlx (one round trip each).
+    pub(super) const ROUND_TRIPS: usize = 5;
+
+    fn url() -> String {
+        std::env::var("IDEMSTORE_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    fn prefix(tag: &str) -> String {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        format!(
+            "bench_{tag}_{}_{}_",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    }
+
+    /// Drops every table and sequence under `prefix`.
+    async fn drop_all(pool: &PgPool, prefix: &str) {
+        let tables: Vec<String> = sqlx::query_scalar(
+            "SELECT tablename::text FROM pg_tables WHERE starts_with(tablename, $1)",
+        )
+        .bind(prefix)
+        .fetch_all(pool)
+        .await
+        .unwrap_or_default();
+        for t in tables {
+            let _ = sqlx::query(AssertSqlSafe(format!("DROP TABLE IF EXISTS {t}")))
+                .execute(pool)
+                .await;
+        }
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "DROP SEQUENCE IF EXISTS {prefix}fences"
+        )))
+        .execute(pool)
+        .await;
+    }
+
+    /// idemstore's PostgreSQL backend: `begin`, then the claim's transaction with the
+    /// business row, then `PgTx::commit`.
+    pub(super) struct Backend {
+        runtime: tokio::runtime::Runtime,
+        store: PgStore,
+        insert: String,
+        prefix: String,
+    }
+
+    impl Backend {
+        pub(super) fn open(pool_size: u32) -> Made {
+            let runtime = runtime();
+            let prefix = prefix("idem");
+            let (store, insert) = runtime
+                .block_on(async {
+                    let store = PgStore::builder(&url())
+                        .prefix(&prefix)
+                        .pool_size(pool_size)
+                        .sweep(Sweep::Off)
+                        .open()
+                        .await?;
+                    sqlx::query(AssertSqlSafe(format!(
+                        "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
+                    )))
+                    .execute(store.pool())
+                    .await?;
+                    Ok::<_, idemstore::BoxError>((
+                        store,
+                        format!("INSERT INTO {prefix}orders (id, body) VALUES ($1, $2)"),
+                    ))
+                })
+                .map_err(|e| format!("PostgreSQL at {}: {e}", url()))?;
+            Ok(Box::new(Backend {
+                runtime,
+                store,
+                insert,
+                prefix,
+            }))
+        }
+    }
+
+    impl Peer for Backend {
+        fn pair(&self, client: usize, i: u64) {
+            let (tenant, key) = key(client, i);
+            self.runtime.block_on(async {
+                let scope = Scope::new(&tenant, "create_order", &key).expect("scope");
+                let begun = self
+                    .store
+                    .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
+                    .await
+                    .expect("begin");
+                let Begin::Claimed(claim) = begun else {
+                    panic!("{key} was not new: {}", begun.outcome());
+                };
+                let mut tx = claim.transaction().await.expect("transaction");
+                sqlx::query(AssertSqlSafe(self.insert.clone()))
+                    .bind(&key)
+                    .bind(&ROW[..])
+                    .execute(tx.conn())
+                    .await
+                    .expect("row");
+                tx.commit(Response::new(201, BODY.to_vec()))
+                    .await
+                    .expect("commit");
+            });
+        }
+    }
+
+    impl Drop for Backend {
+        fn drop(&mut self) {
+            let pool = self.store.pool().clone();
+            self.runtime.block_on(drop_all(&pool, &self.prefix));
+        }
+    }
+
+    /// The pattern written by hand (Brandur's, Stripe's): claim with `INSERT ... ON CONFLICT
+    /// DO NOTHING RETURNING`, then one transaction with the business row and an `UPDATE` of
+    /// the key to completed. No fences, no take-over, no replay path: less than the backend
+    /// does, and the same round trips.
+    pub(super) struct HandWritten {
+        runtime: tokio::runtime::Runtime,
+        pool: PgPool,
+        prefix: String,
+    }
+
+    impl HandWritten {
+        pub(super) fn open(pool_size: u32) -> Made {
+            let runtime = runtime();
+            let prefix = prefix("hand");
+            let pool = runtime
+                .block_on(async {
+                    let pool = sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(pool_size)
+                        .test_before_acquire(false)
+                        .connect(&url())
+                        .await?;
+                    sqlx::query(AssertSqlSafe(format!(
+                        "CREATE TABLE {prefix}keys (
+                           tenant text NOT NULL, operation text NOT NULL, key text NOT NULL,
+                           request_hash bytea NOT NULL, status text NOT NULL,
+                           response_status integer, response_body bytea,
+                           lease_expires_at timestamptz, expires_at timestamptz NOT NULL,
+                           created_at timestamptz NOT NULL DEFAULT now(),
+                           PRIMARY KEY (tenant, operation, key))"
+                    )))
+                    .execute(&pool)
+                    .await?;
+                    sqlx::query(AssertSqlSafe(format!(
+                        "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
+                    )))
+                    .execute(&pool)
+                    .await?;
+                    Ok::<_, sqlx::Error>(pool)
+                })
+                .map_err(|e| format!("PostgreSQL at {}: {e}", url()))?;
+            Ok(Box::new(HandWritten {
+                runtime,
+                pool,
+                prefix,
+            }))
+        }
+    }
+
+    impl Peer for HandWritten {
+        fn pair(&self, client: usize, i: u64) {
+            let (tenant, key) = key(client, i);
+            let p = &self.prefix;
+            self.runtime.block_on(async {
+                let claimed: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                    "INSERT INTO {p}keys (tenant, operation, key, request_hash, status,
+                        lease_expires_at, expires_at)
+                     VALUES ($1, 'create_order', $2, $3, 'in_progress',
+                        now() + interval '30 seconds', now() + interval '1 day')
+                     ON CONFLICT DO NOTHING RETURNING key"
+                )))
+                .bind(&tenant)
+                .bind(&key)
+                .bind(&Fingerprint::of_bytes(key.as_bytes()).as_bytes()[..])
+                .fetch_optional(&self.pool)
+                .await
+                .expect("claim");
+                assert!(claimed.is_some(), "{key} was not new");
+                let mut tx = self.pool.begin().await.expect("begin");
+                sqlx::query(AssertSqlSafe(format!(
+                    "INSERT INTO {p}orders (id, body) VALUES ($1, $2)"
+                )))
+                .bind(&key)
+                .bind(&ROW[..])
+                .execute(&mut *tx)
+                .await
+                .expect("row");
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE {p}keys SET status = 'completed', response_status = 201,
+                        response_body = $3, lease_expires_at = NULL
+                     WHERE tenant = $1 AND operation = 'create_order' AND key = $2"
+                )))
+                .bind(&tenant)
+                .bind(&key)
+                .bind(&BODY[..])
+                .execute(&mut *tx)
+                .await
+                .expect("complete");
+                tx.commit().await.expect("commit");
+            });
+        }
+    }
+
+    impl Drop for HandWritten {
+        fn drop(&mut self) {
+            let pool = self.pool.clone();
+            self.runtime.block_on(drop_all(&pool, &self.prefix));
+        }
+    }
+}
+
 // --------------------------------------------------------------------------------- the runs
 
 /// Pairs per second from `clients` threads for `duration`; with `latencies`, each pair's time.
@@ -642,6 +884,31 @@ fn main() {
             )))
         },
     );
+    #[cfg(feature = "postgres")]
+    {
+        measure("PostgreSQL backend", 1, "yes", &|_| {
+            postgres_peers::Backend::open(1)
+        });
+        for pool in [16, 64] {
+            measure(
+                &format!("PostgreSQL backend, pool {pool}"),
+                PRODUCT_CLIENTS,
+                "yes",
+                &|_| postgres_peers::Backend::open(pool),
+            );
+        }
+        measure("PostgreSQL hand-written", 1, "yes", &|_| {
+            postgres_peers::HandWritten::open(1)
+        });
+        for pool in [8, 16, 32, 64] {
+            measure(
+                &format!("PostgreSQL hand-written, pool {pool}"),
+                PRODUCT_CLIENTS,
+                "yes",
+                &|_| postgres_peers::HandWritten::open(pool),
+            );
+        }
+    }
     #[cfg(feature = "tokio")]
     {
         let mut results = Vec::new();
@@ -787,6 +1054,33 @@ fn main() {
     ] {
         if let Some(other) = exact(name, clients) {
             println!("| {label} | {:.2}x |", wal / other);
+        }
+    }
+    #[cfg(feature = "postgres")]
+    {
+        // The hand-written pattern at its best pool size, against the backend at the same
+        // concurrency (and its best pool).
+        let best_of = |prefix: &str, clients: usize| {
+            rows.iter()
+                .filter(|r| r.name.starts_with(prefix) && r.clients == clients)
+                .map(|r| (median(r.runs.clone()), r.name.clone()))
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+        };
+        println!(
+            "\n| PostgreSQL: backend / hand-written ({} round trips per pair each) | value |",
+            postgres_peers::ROUND_TRIPS
+        );
+        println!("| --- | --- |");
+        for clients in [1, PRODUCT_CLIENTS] {
+            if let (Some((ours, on)), Some((theirs, against))) = (
+                best_of("PostgreSQL backend", clients),
+                best_of("PostgreSQL hand-written", clients),
+            ) {
+                println!(
+                    "| {clients} client(s): {on} / {against} (its best) | {:.2}x |",
+                    ours / theirs
+                );
+            }
         }
     }
     println!("\n| latency of one pair | p50 | p99 | pairs |");

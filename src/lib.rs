@@ -66,6 +66,8 @@
 //!   the protocol; the only place that knows HTTP statuses.
 //! - `protocol`: the claim protocol as traits, and what is written against them (`Completer`).
 //! - `api`: the facades a caller holds (`Store`, `Claim`, `Builder`); they build engine requests.
+//! - `postgres` (feature `postgres`): the same protocol over PostgreSQL, for several
+//!   instances sharing one database ([`PgStore`]).
 //! - `engine`: one narrow interface (begin, commit, release, extend, checkpoint, evict, read,
 //!   stats, compact) over the writer thread, the overlay and the redb tables.
 //! - `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
@@ -90,6 +92,8 @@ pub mod http;
 pub mod inspect;
 mod metrics;
 mod model;
+#[cfg(feature = "postgres")]
+mod postgres;
 pub mod protocol;
 #[cfg(feature = "tokio")]
 pub mod relay;
@@ -101,6 +105,8 @@ mod wal;
 pub use api::outbox::INBOX_OPERATION;
 pub use api::{Begin, Builder, Claim, CommitError, Error, KeepAlive, Store};
 pub use engine::{OwnedValue, ReadTx, Tx};
+#[cfg(feature = "postgres")]
+pub use error::PgOpenError;
 pub use error::{
     BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
     FingerprintError, ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError,
@@ -117,6 +123,8 @@ pub use model::record::{Record, RecordState};
 pub use model::response::Response;
 pub use model::scope::{Scope, ScopePart};
 pub use model::stats::Stats;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgBuilder, PgClaim, PgStore, PgTx};
 #[cfg(feature = "tokio")]
 pub use protocol::{Completer, CompleterTask, Round};
 #[cfg(feature = "tokio")]
@@ -125,6 +133,11 @@ pub use wal::RecoveryReport;
 
 /// redb, re-exported so that table definitions use the same version the store was built with.
 pub use redb;
+
+/// sqlx, re-exported (feature `postgres`): its transaction and pool types are in
+/// [`PgStore`]'s API, so business SQL uses the same version.
+#[cfg(feature = "postgres")]
+pub use sqlx;
 
 /// The README's examples, compiled and run as doc tests so the front door never goes stale.
 #[cfg(doctest)]

@@ -1,5 +1,6 @@
 //! The claim protocol's conformance suite (`idemstore::testing::conformance`) on both local
-//! durability modes: every case, with real tasks racing the same keys.
+//! durability modes and, with feature `postgres`, on PostgreSQL: every case, with real tasks
+//! racing the same keys.
 
 mod wal {
     idemstore::conformance_suite!(idemstore::testing::conformance::Local::new(
@@ -11,4 +12,11 @@ mod redb {
     idemstore::conformance_suite!(idemstore::testing::conformance::Local::new(
         idemstore::Durability::Redb
     ));
+}
+
+/// The PostgreSQL backend (feature `postgres`), in the database at `IDEMSTORE_PG_URL`: each
+/// case under a table prefix of its own, dropped afterwards.
+#[cfg(feature = "postgres")]
+mod postgres {
+    idemstore::conformance_suite!(idemstore::testing::conformance::Postgres::new());
 }

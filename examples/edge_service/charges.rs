@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use idemstore::http::{IdempotentRequest, Tenant};
 use idemstore::redb::TableDefinition;
-use idemstore::{BoxError, Claim};
+use idemstore::{BoxError, Claim, Protocol};
 use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
@@ -66,15 +66,42 @@ pub(crate) async fn create(
     idem: IdempotentRequest,
     body: Bytes,
 ) -> Response {
-    let command = match validate(&body) {
+    let recorded = match charge(&app.charging(), &tenant, &idem, &body).await {
+        Ok(recorded) => recorded,
+        Err(answer) => return answer,
+    };
+    // The charge row and the response: one transaction.
+    idem.commit(move |tx| recorded.commit(tx))
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// What the charge handlers of every backend share.
+pub(crate) struct Charging {
+    pub(crate) processor: super::processor::Processor,
+    pub(crate) lease: Duration,
+    pub(crate) pause_after_charge: bool,
+}
+
+/// Everything of `POST /charges` before the commit, on any backend: validates the body,
+/// charges the processor with the request's downstream key, and answers the charge to record,
+/// or the response to send (the claim then released or left in progress as the outcome says).
+pub(crate) async fn charge<P: Protocol>(
+    app: &Charging,
+    tenant: &str,
+    idem: &IdempotentRequest<P>,
+    body: &[u8],
+) -> Result<Recorded, Response> {
+    let tenant = tenant.to_owned();
+    let command = match validate(body) {
         Ok(command) => command,
         Err(why) => {
             // Nothing happened: give the key up, so the client can fix the body and retry
             // with the same key (Stripe stores no result for a request that failed validation).
             if let Err(e) = idem.release().await {
-                return e.into_response();
+                return Err(e.into_response());
             }
-            return problem(StatusCode::BAD_REQUEST, "invalid-charge", &why);
+            return Err(problem(StatusCode::BAD_REQUEST, "invalid-charge", &why));
         }
     };
     if idem.attempt() > 1 {
@@ -98,7 +125,7 @@ pub(crate) async fn create(
             &command.customer,
         )
         .await;
-    if app.hooks.pause_after_charge {
+    if app.pause_after_charge {
         // Test hook: the charge is made and nothing is committed; the test kills us here.
         println!("PAUSED {}", idem.scope().key());
         std::future::pending::<()>().await;
@@ -113,7 +140,7 @@ pub(crate) async fn create(
                 "the processor is unavailable"
             );
             if let Err(e) = idem.release().await {
-                return e.into_response();
+                return Err(e.into_response());
             }
             let mut answer = problem(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -123,13 +150,13 @@ pub(crate) async fn create(
             answer
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            return answer;
+            return Err(answer);
         }
         Outcome::TimedOut => {
             // The charge may or may not exist: leave the claim in progress. Retries get 409
             // until the lease ends; the first after it recovers and asks the processor again.
             if let Err(e) = idem.leave_in_progress() {
-                return e.into_response();
+                return Err(e.into_response());
             }
             let mut answer = problem(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -140,35 +167,28 @@ pub(crate) async fn create(
             answer
                 .headers_mut()
                 .insert(header::RETRY_AFTER, app.lease.as_secs().max(1).into());
-            return answer;
+            return Err(answer);
         }
     };
-    let recorded = match Recorded::of(&tenant, &processor_key, processor_charge, idem.attempt()) {
-        Ok(recorded) => recorded,
-        Err(e) => {
-            // Unreachable for this struct; if it ever happens, the charge exists and its
-            // outcome is unknown to the client: leave the key in progress for a recovery.
-            tracing::error!(error = %e, "a charge did not serialize");
-            return idemstore::http::HandlerError::Aborted(e.into()).into_response();
-        }
-    };
-    // The charge row and the response: one transaction.
-    idem.commit(move |tx| recorded.commit(tx))
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    Recorded::of(&tenant, &processor_key, processor_charge, idem.attempt()).map_err(|e| {
+        // Unreachable for this struct; if it ever happens, the charge exists and its
+        // outcome is unknown to the client: leave the key in progress for a recovery.
+        tracing::error!(error = %e, "a charge did not serialize");
+        idemstore::http::HandlerError::Aborted(e.into()).into_response()
+    })
 }
 
 /// A charge as it is stored: its row and the response a retry replays.
-struct Recorded {
-    row: String,
-    json: Vec<u8>,
+pub(crate) struct Recorded {
+    pub(crate) row: String,
+    pub(crate) json: Vec<u8>,
     location: String,
 }
 
 impl Recorded {
     /// The record of the charge the processor made for `downstream_key`, completed by attempt
     /// `attempt` of the request.
-    fn of(
+    pub(crate) fn of(
         tenant: &str,
         downstream_key: &str,
         made: ProcessorCharge,
@@ -195,9 +215,14 @@ impl Recorded {
     fn commit(self, tx: &mut idemstore::Tx<'_>) -> Result<idemstore::Response, BoxError> {
         tx.insert(&CHARGES, self.row.as_str(), self.json.as_slice())?;
         tx.publish(CHARGES_CREATED, self.json.clone())?;
-        Ok(idemstore::Response::new(201, self.json)
+        Ok(self.response())
+    }
+
+    /// The response every retry replays.
+    pub(crate) fn response(self) -> idemstore::Response {
+        idemstore::Response::new(201, self.json)
             .with_header("content-type", "application/json")
-            .with_header("location", self.location))
+            .with_header("location", self.location)
     }
 }
 

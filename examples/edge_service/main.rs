@@ -23,6 +23,8 @@
 //! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` |
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
+//! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
+//! | `--pg-url` | `EDGE_PG_URL` | `postgres://postgres@127.0.0.1:5432/test` (with `--backend postgres`; tables prefixed `EDGE_PG_PREFIX`, default `edge_`; pool `EDGE_PG_POOL`, default 16 connections) |
 //!
 //! `GET /metrics` serves the store's metrics in Prometheus text format (run with `--features
 //! metrics` for the store to emit them; the table is in the README, "Operating it").
@@ -33,6 +35,8 @@
 
 mod auth;
 mod charges;
+#[cfg(feature = "postgres")]
+mod pg;
 mod processor;
 
 use std::net::SocketAddr;
@@ -67,6 +71,16 @@ struct App {
     processor: Processor,
     lease: Duration,
     hooks: Hooks,
+}
+
+impl App {
+    fn charging(&self) -> charges::Charging {
+        charges::Charging {
+            processor: self.processor.clone(),
+            lease: self.lease,
+            pause_after_charge: self.hooks.pause_after_charge,
+        }
+    }
 }
 
 /// A problem+json answer.
@@ -111,8 +125,8 @@ struct Advance {
 }
 
 /// Test hook: moves the store's manual clock forward.
-async fn advance_clock(State(app): State<App>, Query(q): Query<Advance>) -> Response {
-    match &app.hooks.manual_clock {
+async fn advance_clock(State(hooks): State<Hooks>, Query(q): Query<Advance>) -> Response {
+    match &hooks.manual_clock {
         Some(clock) => {
             clock.advance(Duration::from_secs(q.advance_secs));
             Json(serde_json::json!({ "now_ms": clock.now().as_millis() })).into_response()
@@ -148,6 +162,13 @@ async fn metrics(State(app): State<App>) -> Response {
         .into_response()
 }
 
+/// The test hooks' routes, on every backend.
+fn test_routes(hooks: Hooks) -> Router {
+    Router::new()
+        .route("/_test/clock", post(advance_clock))
+        .with_state(hooks)
+}
+
 fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
@@ -161,11 +182,12 @@ fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
         .route("/stats", get(charges::stats))
         // Outside: a request it refuses never reaches the store.
         .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
+    let hooks = app.hooks.clone();
     Router::new()
         .merge(api)
         .route("/metrics", get(metrics))
-        .route("/_test/clock", post(advance_clock))
         .with_state(app)
+        .merge(test_routes(hooks))
 }
 
 #[tokio::main]
@@ -210,6 +232,57 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     std::fs::create_dir_all(&data)?;
+    let ledger = PathBuf::from(setting(
+        &args,
+        "--processor-ledger",
+        "EDGE_PROCESSOR_LEDGER",
+        &data.join("processor-ledger.jsonl").to_string_lossy(),
+    ));
+    let processor = Processor::open(&ledger, timeout_rate, Duration::from_millis(latency))?;
+    match setting(&args, "--backend", "EDGE_BACKEND", "local").as_str() {
+        "local" => {}
+        #[cfg(feature = "postgres")]
+        "postgres" => {
+            let url = setting(
+                &args,
+                "--pg-url",
+                "EDGE_PG_URL",
+                "postgres://postgres@127.0.0.1:5432/test",
+            );
+            let app = pg::PgApp {
+                store: pg::open(&url, lease, &hooks).await?,
+                processor,
+                lease,
+                hooks: hooks.clone(),
+            };
+            let completer = pg::completer(&app, complete_every);
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            println!("listening on http://{}", listener.local_addr()?);
+            println!(
+                "claims and charges in PostgreSQL ({})",
+                app.store.records_table()
+            );
+            let router = pg::router(app, tokens, wait).merge(test_routes(hooks));
+            axum::serve(listener, router)
+                .with_graceful_shutdown(async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await?;
+            drop(completer);
+            return Ok(());
+        }
+        other => {
+            return Err(format!(
+                "--backend / EDGE_BACKEND: `{other}` is not a backend (local{})",
+                if cfg!(feature = "postgres") {
+                    ", postgres"
+                } else {
+                    "; postgres needs feature postgres"
+                }
+            )
+            .into());
+        }
+    }
     let mut builder = Store::builder()
         .table(charges::CHARGES)
         .lease(lease)
@@ -221,13 +294,6 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let store = builder.open(data.join("edge_service"))?;
     let replayed = store.recovery_report().frames_replayed;
-    let ledger = PathBuf::from(setting(
-        &args,
-        "--processor-ledger",
-        "EDGE_PROCESSOR_LEDGER",
-        &data.join("processor-ledger.jsonl").to_string_lossy(),
-    ));
-    let processor = Processor::open(&ledger, timeout_rate, Duration::from_millis(latency))?;
     let app = App {
         store: store.clone(),
         metrics,

@@ -3,11 +3,15 @@
 //! It deduplicates on the idempotency key it is given (as real processors do), keeps every
 //! charge in a ledger file that survives restarts, counts its side effects, and sometimes
 //! "times out": it makes the charge but its answer is lost, so the caller cannot know.
+//!
+//! Several service instances may share one ledger file (`--processor-ledger`), as they share
+//! one real processor: each charge and lookup locks the file, reads what other processes
+//! appended since, and only then decides.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -46,6 +50,10 @@ pub(crate) enum Outcome {
 struct Ledger {
     file: File,
     by_key: HashMap<String, ProcessorCharge>,
+    /// The ledger's path, to read other processes' appends.
+    path: PathBuf,
+    /// How far into the file `by_key` has read.
+    read_to: u64,
     rng: u64,
 }
 
@@ -84,6 +92,7 @@ impl Processor {
             }
         }
         let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let read_to = file.metadata()?.len();
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64 | 1);
@@ -91,6 +100,8 @@ impl Processor {
             ledger: Arc::new(Mutex::new(Ledger {
                 file,
                 by_key,
+                path: path.to_owned(),
+                read_to,
                 rng: seed,
             })),
             timeout_rate,
@@ -122,24 +133,14 @@ impl Processor {
         // The ledger append is synced: a blocking call, kept off the runtime's workers.
         let charged = tokio::task::spawn_blocking(move || {
             let mut ledger = ledger.lock();
-            if let Some(existing) = ledger.by_key.get(&charge.key) {
-                return Outcome::AlreadyCharged(existing.clone());
-            }
-            let charge = ProcessorCharge {
-                id: format!("py_{:06}", ledger.by_key.len() + 1),
-                ..charge
-            };
-            // A charge that is not in the ledger did not happen: a failed append (a full
-            // disk) charges nothing, and says so.
-            if let Err(e) = ledger.append(&charge) {
+            // Other processes sharing the file: wait for theirs, read what they charged.
+            if let Err(e) = ledger.file.lock().and_then(|()| ledger.catch_up()) {
+                let _ = ledger.file.unlock();
                 return Outcome::Unavailable(format!("the processor's ledger: {e}"));
             }
-            ledger.by_key.insert(charge.key.clone(), charge.clone());
-            if ledger.roll() < rate {
-                Outcome::TimedOut
-            } else {
-                Outcome::Charged(charge)
-            }
+            let outcome = ledger.charge_locked(charge, rate);
+            let _ = ledger.file.unlock();
+            outcome
         })
         .await;
         charged.unwrap_or_else(|e| Outcome::Unavailable(format!("the processor failed: {e}")))
@@ -150,7 +151,17 @@ impl Processor {
     pub(crate) async fn lookup(&self, key: &str) -> Option<ProcessorCharge> {
         self.calls.lookups.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(self.latency).await;
-        self.ledger.lock().by_key.get(key).cloned()
+        let mut ledger = self.ledger.lock();
+        if ledger
+            .file
+            .lock_shared()
+            .and_then(|()| ledger.catch_up())
+            .is_err()
+        {
+            tracing::warn!("the processor's ledger could not be read; answering from memory");
+        }
+        let _ = ledger.file.unlock();
+        ledger.by_key.get(key).cloned()
     }
 
     /// How often `charge` and `lookup` were called.
@@ -178,6 +189,48 @@ impl Processor {
 }
 
 impl Ledger {
+    /// With the file locked: the charge for `charge.key`, made now unless it exists.
+    fn charge_locked(&mut self, charge: ProcessorCharge, rate: f64) -> Outcome {
+        if let Some(existing) = self.by_key.get(&charge.key) {
+            return Outcome::AlreadyCharged(existing.clone());
+        }
+        let charge = ProcessorCharge {
+            id: format!("py_{:06}", self.by_key.len() + 1),
+            ..charge
+        };
+        // A charge that is not in the ledger did not happen: a failed append (a full
+        // disk) charges nothing, and says so.
+        if let Err(e) = self.append(&charge) {
+            return Outcome::Unavailable(format!("the processor's ledger: {e}"));
+        }
+        self.read_to = self.file.metadata().map_or(self.read_to, |m| m.len());
+        self.by_key.insert(charge.key.clone(), charge.clone());
+        if self.roll() < rate {
+            Outcome::TimedOut
+        } else {
+            Outcome::Charged(charge)
+        }
+    }
+
+    /// Reads the complete lines other processes appended since the last read.
+    fn catch_up(&mut self) -> std::io::Result<()> {
+        let mut file = File::open(&self.path)?;
+        file.seek(SeekFrom::Start(self.read_to))?;
+        let mut appended = Vec::new();
+        file.read_to_end(&mut appended)?;
+        let complete = appended
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        for line in appended[..complete].split(|&b| b == b'\n') {
+            if let Ok(charge) = serde_json::from_slice::<ProcessorCharge>(line) {
+                self.by_key.insert(charge.key.clone(), charge);
+            }
+        }
+        self.read_to += complete as u64;
+        Ok(())
+    }
+
     /// Appends a charge to the ledger file and syncs it. A failed write is truncated away, so
     /// the file never holds half a line.
     fn append(&mut self, charge: &ProcessorCharge) -> std::io::Result<()> {

@@ -109,6 +109,15 @@ impl KeepAlive {
         }
     }
 
+    /// A keep-alive whose renewals run as `task` (another backend's renewal loop): dropping
+    /// it aborts the task.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_task(task: tokio::task::JoinHandle<()>) -> Self {
+        KeepAlive {
+            runner: Runner::Task(task),
+        }
+    }
+
     /// Whether it stopped on its own (the claim is finished) or could not start.
     pub fn is_finished(&self) -> bool {
         match &self.runner {

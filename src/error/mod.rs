@@ -26,6 +26,8 @@ mod input;
 mod lifecycle;
 mod maintenance;
 mod open;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod recovery;
 mod store;
 mod tx;
@@ -36,6 +38,8 @@ pub use lifecycle::{
 };
 pub use maintenance::CompactError;
 pub use open::{BadTableReason, OpenError};
+#[cfg(feature = "postgres")]
+pub use postgres::PgOpenError;
 pub use recovery::RecoveryError;
 pub use store::StoreError;
 pub use tx::{ReadError, TxError};

@@ -79,6 +79,18 @@ pub enum StoreError {
     /// The store's writer thread has stopped.
     #[error("the store's writer has stopped; drop every handle and reopen the store")]
     Closed,
+    /// A database backend (PostgreSQL, feature `postgres`) failed before it answered: the
+    /// connection was lost or refused, no connection came free in time, or a statement ran
+    /// past its timeout. Nothing of the request was acknowledged and the transaction it ran in
+    /// was rolled back (a commit whose answer was lost is [`StoreError::OutcomeUnknown`]
+    /// instead). The pool opens new connections by itself.
+    #[error(
+        "the database failed ({message}); the operation was not carried out. Retry it: the pool reconnects by itself; if this repeats, check that the database is up and reachable"
+    )]
+    Backend {
+        /// The driver's error, as text.
+        message: Arc<str>,
+    },
 }
 
 fn not_written(kind: io::ErrorKind, cause: &str) -> String {
@@ -138,6 +150,7 @@ impl StoreError {
                 | StoreError::NotWritten { .. }
                 | StoreError::OutcomeUnknown { .. }
                 | StoreError::Poisoned { .. }
+                | StoreError::Backend { .. }
         )
     }
 }

@@ -163,7 +163,7 @@ impl<P: Protocol> IdempotentRequest<P> {
     }
 
     /// Takes the claim out for an operation.
-    fn take(&self) -> Result<P::Claim, HandlerError> {
+    pub(super) fn take(&self) -> Result<P::Claim, HandlerError> {
         let mut slot = self.shared.slot.lock();
         match std::mem::replace(&mut *slot, Slot::Busy) {
             Slot::Held(claim) => Ok(claim),
@@ -175,11 +175,11 @@ impl<P: Protocol> IdempotentRequest<P> {
         }
     }
 
-    fn put_back(&self, claim: P::Claim) {
+    pub(super) fn put_back(&self, claim: P::Claim) {
         *self.shared.slot.lock() = Slot::Held(claim);
     }
 
-    fn finish(&self, finish: Finish) {
+    pub(super) fn finish(&self, finish: Finish) {
         *self.shared.slot.lock() = Slot::Done(finish);
     }
 
@@ -201,7 +201,7 @@ impl<P: Protocol> IdempotentRequest<P> {
 
     /// A commit's answer: the stored response as HTTP, or the claim back to this request when
     /// the error left it held.
-    fn committed(
+    pub(super) fn committed(
         &self,
         result: Result<Response, CommitError<P::Claim>>,
     ) -> Result<axum::http::Response<Body>, HandlerError> {

@@ -38,6 +38,8 @@ mod key;
 mod layer;
 mod local;
 mod outage;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod problem;
 mod rejection;
 mod request;

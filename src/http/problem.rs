@@ -145,6 +145,8 @@ pub(crate) fn store_unavailable(error: &StoreError, retry_after: Duration) -> Re
     let seconds = retry_after.as_secs().max(1);
     let what = if error.io_kind() == Some(std::io::ErrorKind::StorageFull) {
         "the service's storage is full"
+    } else if matches!(error, StoreError::Backend { .. }) {
+        "the service cannot reach its idempotency database"
     } else {
         "the service's idempotency store is recovering"
     };

@@ -128,6 +128,9 @@ impl Harness for Local {
     }
 }
 
+#[cfg(feature = "postgres")]
+pub use super::postgres::Postgres;
+
 /// One `#[tokio::test]` per case of the suite, against the harness `$harness` (an expression
 /// building a [`Harness`]). Put it in a module of its own per backend.
 #[macro_export]

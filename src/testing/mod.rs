@@ -8,6 +8,8 @@
 pub mod conformance;
 mod crash;
 mod log_decode;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 mod sim_disk;
 mod workload;
 

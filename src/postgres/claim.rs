@@ -1,0 +1,349 @@
+//! [`PgClaim`]: what a winner of `begin` holds over PostgreSQL. Every operation is one
+//! statement whose `WHERE` names the claim's fence; no row changed means the claim is stale.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, Row};
+
+use super::codec::encode_headers;
+use super::config::duration_i64;
+use super::driver::{backend, commit_failed, timed};
+use super::record::timestamp;
+use super::schema::IN_PROGRESS;
+use super::store::PgStore;
+use super::tx::PgTx;
+use crate::api::keep_alive::KeepAlive;
+use crate::error::{ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
+use crate::model::clock::Timestamp;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::MAX_LEASE;
+use crate::model::response::Response;
+use crate::model::scope::Scope;
+
+/// Ownership of a scope in a [`PgStore`], checked against its fence by every operation.
+///
+/// Finish it with [`PgClaim::transaction`] and [`PgTx::commit`] (business SQL and the
+/// completed record in one PostgreSQL transaction), with `complete` (no business writes), or
+/// with `release` (the work did not happen). Dropped unfinished, the key stays in progress
+/// until its lease ends, and the next attempt recovers it.
+pub struct PgClaim {
+    pub(crate) store: PgStore,
+    pub(crate) scope: Scope,
+    fingerprint: Fingerprint,
+    pub(crate) fence: u64,
+    origin_fence: u64,
+    attempt: u32,
+    lease_until: Timestamp,
+    checkpoint: Option<Vec<u8>>,
+    /// Held while the claim lives; a keep-alive stops when it cannot upgrade its weak copy.
+    alive: Arc<()>,
+}
+
+impl fmt::Debug for PgClaim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgClaim")
+            .field("scope", &self.scope)
+            .field("fence", &self.fence)
+            .field("attempt", &self.attempt)
+            .field("lease_until", &self.lease_until)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an extension moves the end of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extension {
+    /// Exactly `lease` from now (the holder says so, even if sooner).
+    Exactly,
+    /// `lease` from now unless it already ends later (a heartbeat).
+    AtLeast,
+}
+
+impl PgClaim {
+    /// The claim in the claiming statement's returned row.
+    pub(crate) fn from_row(
+        store: PgStore,
+        scope: Scope,
+        fingerprint: Fingerprint,
+        row: &PgRow,
+    ) -> Result<Self, StoreError> {
+        let read = |e: sqlx::Error| backend("read the claim", &e);
+        let fence: i64 = row.try_get("fence").map_err(read)?;
+        let origin_fence: i64 = row.try_get("origin_fence").map_err(read)?;
+        let attempt: i32 = row.try_get("attempt").map_err(read)?;
+        let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
+        Ok(PgClaim {
+            store,
+            scope,
+            fingerprint,
+            fence: u64::try_from(fence).unwrap_or(0),
+            origin_fence: u64::try_from(origin_fence).unwrap_or(0),
+            attempt: u32::try_from(attempt).unwrap_or(0),
+            lease_until: timestamp(lease_until.unwrap_or(0)),
+            checkpoint: row.try_get("checkpoint").map_err(read)?,
+            alive: Arc::new(()),
+        })
+    }
+
+    pub(crate) fn attempt_number(&self) -> u32 {
+        self.attempt
+    }
+
+    /// Opens the PostgreSQL transaction the business SQL and the completion run in: see
+    /// [`PgTx`]. The claim moves into it, and comes back from [`PgTx::rollback`].
+    ///
+    /// # Errors
+    /// [`CommitError::Store`] if no connection or transaction could be had; the key stays in
+    /// progress (until its lease ends, when a retry recovers it).
+    pub async fn transaction(self) -> Result<PgTx, CommitError<PgClaim>> {
+        let limit = self.store.call_limit();
+        let tx = timed(limit, "begin a transaction", self.store.pool().begin()).await?;
+        Ok(PgTx::new(tx, self))
+    }
+
+    /// Why this claim's fence no longer holds, read after a fenced statement changed nothing.
+    pub(crate) async fn stale(&self) -> Result<StaleClaim, StoreError> {
+        let inner = &self.store.inner;
+        let row = timed(
+            self.store.call_limit(),
+            "read the holder",
+            sqlx::query(AssertSqlSafe(inner.sql.holder.clone()))
+                .bind(self.scope.tenant())
+                .bind(self.scope.operation())
+                .bind(self.scope.key())
+                .fetch_optional(&inner.pool),
+        )
+        .await?;
+        let read = |e: sqlx::Error| backend("read the holder", &e);
+        let reason = match row {
+            None => StaleReason::Gone,
+            Some(row) => {
+                let fence: i64 = row.try_get("fence").map_err(read)?;
+                let state: i16 = row.try_get("state").map_err(read)?;
+                let fence = u64::try_from(fence).unwrap_or(0);
+                if fence != self.fence {
+                    StaleReason::TakenOver {
+                        current_fence: fence,
+                    }
+                } else if state != IN_PROGRESS {
+                    StaleReason::AlreadyCompleted
+                } else {
+                    // The statement missed a record that holds: only a race with a change
+                    // that was undone could do this; report it as taken over by itself.
+                    StaleReason::TakenOver {
+                        current_fence: fence,
+                    }
+                }
+            }
+        };
+        inner.counters.stale.fetch_add(1, Ordering::Relaxed);
+        Ok(StaleClaim {
+            scope: self.scope.clone(),
+            fence: self.fence,
+            reason,
+        })
+    }
+
+    /// The completion statement, bound for `response`, for [`PgTx::commit`] and `complete`.
+    pub(crate) fn completion(
+        &self,
+        response: &Response,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let inner = &self.store.inner;
+        sqlx::query(AssertSqlSafe(inner.sql.complete.clone()))
+            .bind(self.scope.tenant().to_owned())
+            .bind(self.scope.operation().to_owned())
+            .bind(self.scope.key().to_owned())
+            .bind(fence_i64(self.fence))
+            .bind(duration_i64(inner.config.ttl))
+            .bind(inner.config.now())
+            .bind(i32::from(response.status()))
+            .bind(encode_headers(response))
+            .bind(response.body().to_vec())
+            .bind(PgStore::payload(&self.scope))
+    }
+
+    /// `complete`: the completion alone, as one autocommitted statement (one round trip).
+    pub(crate) async fn complete_alone(
+        self,
+        response: Response,
+    ) -> Result<Response, CommitError<PgClaim>> {
+        if let Err(source) = response.validate(self.store.inner.config.max_response_bytes) {
+            return Err(CommitError::InvalidResponse {
+                source,
+                claim: Box::new(self),
+            });
+        }
+        let limit = self.store.call_limit();
+        let done = tokio::time::timeout(
+            limit,
+            self.completion(&response).fetch_optional(self.store.pool()),
+        )
+        .await;
+        match done {
+            Ok(Ok(Some(_))) => Ok(response),
+            Ok(Ok(None)) => Err(CommitError::Stale(self.stale().await?)),
+            // Refused before it was sent: nothing happened.
+            Ok(Err(e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed))) => {
+                Err(CommitError::Store(backend("complete", &e)))
+            }
+            Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
+            Err(_) => Err(CommitError::Store(StoreError::unknown(
+                "complete",
+                &format!("no answer from the database within {limit:?}"),
+            ))),
+        }
+    }
+
+    pub(crate) async fn release_now(self) -> Result<(), ClaimError> {
+        let inner = &self.store.inner;
+        let gone = timed(
+            self.store.call_limit(),
+            "release",
+            sqlx::query(AssertSqlSafe(inner.sql.release.clone()))
+                .bind(self.scope.tenant())
+                .bind(self.scope.operation())
+                .bind(self.scope.key())
+                .bind(fence_i64(self.fence))
+                .bind(PgStore::payload(&self.scope))
+                .fetch_optional(&inner.pool),
+        )
+        .await?;
+        match gone {
+            Some(_) => Ok(()),
+            None => Err(ClaimError::Stale(self.stale().await?)),
+        }
+    }
+
+    pub(crate) async fn extend_by(&mut self, lease: Duration) -> Result<(), ClaimError> {
+        if lease.is_zero() || lease > MAX_LEASE {
+            return Err(ClaimError::InvalidLease {
+                requested_ms: lease.as_millis(),
+                max_ms: MAX_LEASE.as_millis(),
+            });
+        }
+        match renew(
+            &self.store,
+            &self.scope,
+            self.fence,
+            lease,
+            Extension::Exactly,
+        )
+        .await?
+        {
+            Some(until) => {
+                self.lease_until = until;
+                Ok(())
+            }
+            None => Err(ClaimError::Stale(self.stale().await?)),
+        }
+    }
+
+    pub(crate) async fn store_checkpoint(&mut self, bytes: Vec<u8>) -> Result<(), ClaimError> {
+        let max = self.store.inner.config.max_checkpoint_bytes;
+        if bytes.len() > max {
+            return Err(ClaimError::CheckpointTooLarge {
+                len: bytes.len(),
+                max,
+            });
+        }
+        let inner = &self.store.inner;
+        let updated = timed(
+            self.store.call_limit(),
+            "checkpoint",
+            sqlx::query(AssertSqlSafe(inner.sql.checkpoint.clone()))
+                .bind(self.scope.tenant())
+                .bind(self.scope.operation())
+                .bind(self.scope.key())
+                .bind(fence_i64(self.fence))
+                .bind(&bytes[..])
+                .fetch_optional(&inner.pool),
+        )
+        .await?;
+        match updated {
+            Some(_) => {
+                self.checkpoint = Some(bytes);
+                Ok(())
+            }
+            None => Err(ClaimError::Stale(self.stale().await?)),
+        }
+    }
+
+    pub(crate) fn start_keep_alive(&self) -> KeepAlive {
+        let (store, scope, fence) = (self.store.clone(), self.scope.clone(), self.fence);
+        let alive = Arc::downgrade(&self.alive);
+        let lease = store.inner.config.lease;
+        let every = (lease / 3).max(Duration::from_millis(1));
+        KeepAlive::from_task(tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                if alive.strong_count() == 0 {
+                    return;
+                }
+                match renew(&store, &scope, fence, lease, Extension::AtLeast).await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => return, // finished or taken over: nothing left to renew
+                    Err(e) => tracing::warn!(%scope, error = %e, "renewing a lease failed"),
+                }
+            }
+        }))
+    }
+
+    pub(crate) fn scope_ref(&self) -> &Scope {
+        &self.scope
+    }
+    pub(crate) fn fingerprint_value(&self) -> Fingerprint {
+        self.fingerprint
+    }
+    pub(crate) fn lease_end(&self) -> Timestamp {
+        self.lease_until
+    }
+    pub(crate) fn checkpoint_ref(&self) -> Option<&[u8]> {
+        self.checkpoint.as_deref()
+    }
+    pub(crate) fn downstream(&self) -> String {
+        self.scope.downstream_key(self.origin_fence)
+    }
+}
+
+/// Moves the lease of the holder of `fence`; `None` if it no longer holds.
+async fn renew(
+    store: &PgStore,
+    scope: &Scope,
+    fence: u64,
+    lease: Duration,
+    extension: Extension,
+) -> Result<Option<Timestamp>, StoreError> {
+    let inner = &store.inner;
+    let row = timed(
+        store.call_limit(),
+        "extend a lease",
+        sqlx::query(AssertSqlSafe(inner.sql.extend.clone()))
+            .bind(scope.tenant())
+            .bind(scope.operation())
+            .bind(scope.key())
+            .bind(fence_i64(fence))
+            .bind(duration_i64(lease))
+            .bind(inner.config.now())
+            .bind(extension == Extension::AtLeast)
+            .fetch_optional(&inner.pool),
+    )
+    .await?;
+    row.map(|row| {
+        row.try_get::<Option<i64>, _>("lease_until_ms")
+            .map(|ms| timestamp(ms.unwrap_or(0)))
+            .map_err(|e| backend("extend a lease", &e))
+    })
+    .transpose()
+}
+
+/// A fence as PostgreSQL's `bigint` (fences come from a sequence, so they fit).
+pub(crate) fn fence_i64(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,232 @@
+//! The settings of a [`PgStore`](super::PgStore) and the builder that checks them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use super::schema::{Names, migrate};
+use super::store::PgStore;
+use crate::error::PgOpenError;
+use crate::model::clock::{Clock, duration_millis};
+use crate::model::config::Sweep;
+use crate::model::limits::{MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_TTL};
+
+/// A pooled connection idle this long is pinged before it is used.
+const IDLE_PING: Duration = Duration::from_secs(1);
+
+/// The settings an open store runs with.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) lease: Duration,
+    pub(crate) ttl: Duration,
+    pub(crate) tombstone_ttl: Duration,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) max_checkpoint_bytes: usize,
+    /// The limit on each call: acquiring a connection, and each statement.
+    pub(crate) timeout: Duration,
+    /// A clock that replaces the database's (tests only); `None`: the database's.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
+}
+
+impl Config {
+    /// The `now` parameter of every statement: null, so the database reads its own clock,
+    /// unless a test injected one.
+    pub(crate) fn now(&self) -> Option<i64> {
+        self.clock.as_ref().map(|c| millis_i64(c.now().as_millis()))
+    }
+}
+
+/// Milliseconds as PostgreSQL's `bigint`.
+pub(crate) fn millis_i64(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// A duration as `bigint` milliseconds (rounded up, as everywhere in the store).
+pub(crate) fn duration_i64(d: Duration) -> i64 {
+    millis_i64(duration_millis(d))
+}
+
+/// Opens a [`PgStore`]: `PgStore::builder(url).lease(..).open().await`.
+///
+/// Every setting is checked at `open`; none panics.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until open is called"]
+pub struct PgBuilder {
+    url: String,
+    prefix: String,
+    lease: Duration,
+    ttl: Duration,
+    tombstone_ttl: Duration,
+    max_response_bytes: usize,
+    max_checkpoint_bytes: usize,
+    pool_size: u32,
+    timeout: Duration,
+    sweep: Sweep,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl PgBuilder {
+    pub(crate) fn new(url: &str) -> Self {
+        PgBuilder {
+            url: url.to_owned(),
+            prefix: "idemstore_".to_owned(),
+            lease: Duration::from_secs(30),
+            ttl: Duration::from_secs(24 * 3600),
+            tombstone_ttl: Duration::ZERO,
+            max_response_bytes: 1024 * 1024,
+            max_checkpoint_bytes: 64 * 1024,
+            pool_size: 10,
+            timeout: Duration::from_secs(5),
+            sweep: Sweep::default(),
+            clock: None,
+        }
+    }
+
+    /// The prefix of the store's table, sequence and index names, so that several stores
+    /// share one database. Default `idemstore_`; 1 to 40 of `a-z`, `0-9`, `_`, not starting
+    /// with a digit.
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.to_owned();
+        self
+    }
+
+    /// How long a claim holds its key. Default 30 s; 1 ms ..= 7 days.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a completed record answers retries. Default 24 h; at most 10 years.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long after the TTL a retry is told `Expired` instead of running again. Default
+    /// zero (off); at most 10 years.
+    pub fn tombstone_ttl(mut self, tombstone_ttl: Duration) -> Self {
+        self.tombstone_ttl = tombstone_ttl;
+        self
+    }
+
+    /// The largest response a commit may store, encoded. Default 1 MiB; at most 64 MiB.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// The largest checkpoint. Default 64 KiB; at most 16 MiB.
+    pub fn max_checkpoint_bytes(mut self, bytes: usize) -> Self {
+        self.max_checkpoint_bytes = bytes;
+        self
+    }
+
+    /// Connections in the pool. Default 10; 1 ..= 10,000. Every open claim transaction holds
+    /// one while it runs.
+    pub fn pool_size(mut self, connections: u32) -> Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// The most one call may take: the wait for a pooled connection, and each statement
+    /// (sent as the session's `statement_timeout`, so the server cancels it too). A call past
+    /// it fails with [`StoreError::Backend`](crate::StoreError::Backend), or
+    /// [`StoreError::OutcomeUnknown`](crate::StoreError::OutcomeUnknown) for a commit.
+    /// Default 5 s; 1 ms ..= 1 hour.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Background eviction, as the local store's: default every 10 s in batches of 1,000.
+    /// Several instances may sweep at once: they skip each other's rows.
+    pub fn sweep(mut self, sweep: Sweep) -> Self {
+        self.sweep = sweep;
+        self
+    }
+
+    /// Replaces the database's clock with `clock`, **for tests only** (a
+    /// [`ManualClock`](crate::ManualClock) moves leases without sleeping). In production
+    /// leave it: leases and TTLs are then judged by the database's clock, which every
+    /// instance shares, so instances whose own clocks are skewed still agree.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Connects, creates or upgrades the schema (idempotent), and starts the sweeper.
+    ///
+    /// # Errors
+    /// [`PgOpenError`] for a bad prefix or setting, an unreachable database, or a failed
+    /// migration.
+    pub async fn open(self) -> Result<PgStore, PgOpenError> {
+        let names = Names::new(&self.prefix)?;
+        let invalid = |setting, reason: String| PgOpenError::InvalidSetting { setting, reason };
+        if self.lease.is_zero() || self.lease > MAX_LEASE {
+            return Err(invalid(
+                "lease",
+                format!("{:?} is outside 1 ms ..= {MAX_LEASE:?}", self.lease),
+            ));
+        }
+        if self.ttl > MAX_TTL || self.tombstone_ttl > MAX_TTL {
+            return Err(invalid("ttl", format!("TTLs go up to {MAX_TTL:?}")));
+        }
+        if self.max_response_bytes > MAX_RESPONSE_BYTES {
+            return Err(invalid(
+                "max_response_bytes",
+                format!("at most {MAX_RESPONSE_BYTES}"),
+            ));
+        }
+        if self.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES {
+            return Err(invalid(
+                "max_checkpoint_bytes",
+                format!("at most {MAX_CHECKPOINT_BYTES}"),
+            ));
+        }
+        if !(1..=10_000).contains(&self.pool_size) {
+            return Err(invalid("pool_size", "1 ..= 10000 connections".into()));
+        }
+        if self.timeout.is_zero() || self.timeout > Duration::from_secs(3600) {
+            return Err(invalid("timeout", "1 ms ..= 1 hour".into()));
+        }
+        let connect = |e: sqlx::Error| PgOpenError::Connect {
+            message: e.to_string(),
+        };
+        let options: PgConnectOptions = self.url.parse().map_err(connect)?;
+        let options = options.application_name("idemstore").options([(
+            "statement_timeout",
+            duration_millis(self.timeout).to_string(),
+        )]);
+        // A connection idle for a while is pinged before use, so one that died (a restarted
+        // server, a dropped idle connection) is replaced; a hot one is not, which would cost a
+        // round trip per call. A connection that dies while in use fails its call with
+        // `StoreError::Backend` and is replaced by the next.
+        let pool = PgPoolOptions::new()
+            .max_connections(self.pool_size)
+            .acquire_timeout(self.timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_PING {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(connect)?;
+        migrate(&pool, &names).await?;
+        let config = Config {
+            lease: self.lease,
+            ttl: self.ttl,
+            tombstone_ttl: self.tombstone_ttl,
+            max_response_bytes: self.max_response_bytes,
+            max_checkpoint_bytes: self.max_checkpoint_bytes,
+            timeout: self.timeout,
+            clock: self.clock,
+        };
+        Ok(PgStore::start(pool, names, config, self.sweep))
+    }
+}

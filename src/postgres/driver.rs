@@ -1,0 +1,95 @@
+//! What the driver's errors mean to a caller, and the time limit on every call.
+//!
+//! Two kinds of failure, told apart because the caller must act differently:
+//! - nothing was acknowledged ([`StoreError::Backend`]): a refused or lost connection, a pool
+//!   with no free connection in time, a statement cancelled by `statement_timeout`, an error
+//!   the database answered with; the transaction was rolled back, so retrying is safe;
+//! - a `COMMIT` was sent and its answer was lost ([`StoreError::OutcomeUnknown`]): the
+//!   database may or may not have committed; `begin` for the key tells (a `Replay` means it
+//!   did; otherwise the key is still in progress and its lease runs out).
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::StoreError;
+
+/// `statement_timeout`'s SQLSTATE (`query_canceled`).
+const QUERY_CANCELED: &str = "57014";
+
+/// A failure that acknowledged nothing.
+pub(crate) fn backend(what: &str, e: &sqlx::Error) -> StoreError {
+    let message = match e {
+        sqlx::Error::PoolTimedOut => {
+            format!("{what}: no database connection came free in time (the pool's acquire timeout)")
+        }
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(QUERY_CANCELED) => {
+            format!("{what}: the statement ran past its timeout and was cancelled ({db})")
+        }
+        other => format!("{what}: {other}"),
+    };
+    StoreError::Backend {
+        message: message.into(),
+    }
+}
+
+/// A failure of `COMMIT`: an answer from the database means it did not commit; no answer
+/// (the connection went, or the time ran out) means nobody knows.
+pub(crate) fn commit_failed(e: &sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Database(_) => backend("commit refused", e),
+        other => StoreError::unknown("the commit's answer was lost", other),
+    }
+}
+
+/// Runs one database call within `limit`. The server cancels a statement past
+/// `statement_timeout` by itself; this catches what it cannot: a connection that hangs
+/// without closing, or a pool that never answers.
+pub(crate) async fn timed<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(backend(what, &e)),
+        Err(_) => Err(StoreError::Backend {
+            message: format!("{what}: no answer from the database within {limit:?}").into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_without_an_answer_is_unknown_and_one_refused_is_not() {
+        let lost = sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset by peer",
+        ));
+        assert!(matches!(
+            commit_failed(&lost),
+            StoreError::OutcomeUnknown { .. }
+        ));
+        let refused = backend("claim", &sqlx::Error::PoolTimedOut);
+        assert!(
+            matches!(&refused, StoreError::Backend { message } if message.contains("acquire timeout"))
+        );
+        assert!(refused.is_transient());
+    }
+
+    #[tokio::test]
+    async fn a_call_past_its_limit_fails_instead_of_hanging() {
+        let hung = timed(
+            Duration::from_millis(20),
+            "claim",
+            std::future::pending::<Result<(), sqlx::Error>>(),
+        )
+        .await;
+        assert!(
+            matches!(&hung, Err(StoreError::Backend { message }) if message.contains("no answer")),
+            "{hung:?}"
+        );
+    }
+}

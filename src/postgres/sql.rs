@@ -1,0 +1,209 @@
+//! The statements, written once per store from its table names. Every statement that needs
+//! the time computes it once, as `now` (see [`now`]), so the whole statement judges leases and
+//! TTLs by one reading of the database's clock.
+
+use std::sync::Arc;
+
+use super::schema::{COMPLETED, IN_PROGRESS, Names, TOMBSTONE};
+
+/// The time, in milliseconds since the Unix epoch: the parameter `$n` when it is not null (a
+/// test's manual clock), else the database's `statement_timestamp()` (the start of the
+/// current statement: current inside a long transaction too, and one value for the whole
+/// statement, unlike `clock_timestamp()`).
+fn now(n: usize) -> String {
+    format!(
+        "coalesce(${n}::bigint, floor(extract(epoch from statement_timestamp()) * 1000)::bigint)"
+    )
+}
+
+/// The statements of one store.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    /// The claim: `$1..$3` scope, `$4` fingerprint, `$5` lease ms, `$6` now, `$7` tombstone
+    /// TTL ms. Returns a row only when it claimed or took over.
+    pub(crate) claim: Arc<str>,
+    /// The record and the time, for a claim that wrote nothing: `$1..$3` scope, `$4` now.
+    pub(crate) lookup: Arc<str>,
+    /// The completion: `$1..$3` scope, `$4` fence, `$5` TTL ms, `$6` now, `$7` status,
+    /// `$8` headers, `$9` body, `$10` the notification's payload.
+    pub(crate) complete: Arc<str>,
+    /// `$1..$3` scope, `$4` fence, `$5` payload.
+    pub(crate) release: Arc<str>,
+    /// Asks for a notification when the holder finishes: `$1..$3` scope. A row if the scope
+    /// is still in progress.
+    pub(crate) mark_waiting: Arc<str>,
+    /// `$1..$3` scope, `$4` fence, `$5` lease ms, `$6` now, `$7` never shorten.
+    pub(crate) extend: Arc<str>,
+    /// `$1..$3` scope, `$4` fence, `$5` checkpoint.
+    pub(crate) checkpoint: Arc<str>,
+    /// Who holds the scope: `$1..$3`.
+    pub(crate) holder: Arc<str>,
+    /// One eviction pass over completed records: `$1` now, `$2` limit, `$3` tombstone TTL ms.
+    pub(crate) evict_completed: Arc<str>,
+    /// One pass over tombstones: `$1` now, `$2` limit.
+    pub(crate) evict_tombstones: Arc<str>,
+    /// `$1` now, `$2` limit.
+    pub(crate) abandoned: Arc<str>,
+    /// `$1` now.
+    pub(crate) stats: Arc<str>,
+}
+
+impl Sql {
+    pub(crate) fn new(names: &Names) -> Self {
+        let (r, fences, channel) = (&names.records, &names.fences, &names.channel);
+        let pk = "r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+        Sql {
+            // One statement decides and writes. A conflict updates only when the scope may
+            // be claimed: an expired lease of the same request (a take-over: attempt + 1,
+            // the checkpoint and first claim kept), or a completed record or tombstone past
+            // its time (gone: a fresh claim). Anything else updates nothing and returns no
+            // row; the caller then reads the record to answer without writing.
+            claim: format!(
+                "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
+                     origin_fence, attempt, created_ms, lease_until_ms)
+                 SELECT $1, $2, $3, $4, {IN_PROGRESS}, f.fence, f.fence, 1, t.now, t.now + $5::bigint
+                 FROM (SELECT {now6} AS now) AS t, (SELECT nextval('{fences}') AS fence) AS f
+                 ON CONFLICT (tenant, operation, key) DO UPDATE SET
+                     fence = EXCLUDED.fence,
+                     origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
+                                         ELSE EXCLUDED.origin_fence END,
+                     attempt = CASE WHEN r.state = {IN_PROGRESS} THEN r.attempt + 1 ELSE 1 END,
+                     created_ms = CASE WHEN r.state = {IN_PROGRESS} THEN r.created_ms
+                                       ELSE EXCLUDED.created_ms END,
+                     checkpoint = CASE WHEN r.state = {IN_PROGRESS} THEN r.checkpoint END,
+                     fingerprint = EXCLUDED.fingerprint,
+                     state = {IN_PROGRESS},
+                     lease_until_ms = EXCLUDED.lease_until_ms,
+                     waiters = false,
+                     expires_ms = NULL, completed_ms = NULL,
+                     status = NULL, headers = NULL, body = NULL
+                 WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
+                        AND r.lease_until_ms <= EXCLUDED.created_ms)
+                    OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
+                    OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
+                 RETURNING r.fence, r.origin_fence, r.attempt, r.lease_until_ms, r.checkpoint",
+                now6 = now(6)
+            )
+            .into(),
+            lookup: format!(
+                "SELECT r.fingerprint, r.state, r.fence, r.origin_fence, r.attempt, r.created_ms,
+                        r.lease_until_ms, r.expires_ms, r.completed_ms, r.checkpoint,
+                        r.status, r.headers, r.body, {now4} AS now
+                 FROM {r} AS r WHERE {pk}",
+                now4 = now(4)
+            )
+            .into(),
+            // The notification is sent only if the update happened and someone waits for it
+            // (`waiters`), and only on commit. Not for every completion: PostgreSQL serializes
+            // the commits of transactions that notify, which would undo its group commit.
+            complete: format!(
+                "WITH t AS (SELECT {now6} AS now),
+                 done AS (
+                     UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
+                         expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
+                         checkpoint = NULL, status = $7, headers = $8, body = $9
+                     FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+                     RETURNING r.completed_ms, r.waiters)
+                 SELECT done.completed_ms FROM done
+                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true",
+                now6 = now(6)
+            )
+            .into(),
+            release: format!(
+                "WITH gone AS (
+                     DELETE FROM {r} AS r WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+                     RETURNING r.fence, r.waiters)
+                 SELECT gone.fence FROM gone
+                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $5) WHERE gone.waiters) AS n ON true"
+            )
+            .into(),
+            mark_waiting: format!(
+                "UPDATE {r} AS r SET waiters = true
+                 WHERE {pk} AND r.state = {IN_PROGRESS} RETURNING r.fence"
+            )
+            .into(),
+            extend: format!(
+                "UPDATE {r} AS r SET lease_until_ms = CASE WHEN $7::boolean
+                     THEN greatest(r.lease_until_ms, t.now + $5::bigint) ELSE t.now + $5::bigint END
+                 FROM (SELECT {now6} AS now) AS t
+                 WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+                 RETURNING r.lease_until_ms",
+                now6 = now(6)
+            )
+            .into(),
+            checkpoint: format!(
+                "UPDATE {r} AS r SET checkpoint = $5
+                 WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS} RETURNING r.fence"
+            )
+            .into(),
+            holder: format!("SELECT r.fence, r.state FROM {r} AS r WHERE {pk}").into(),
+            // Due rows are locked and skipped if locked, so sweepers of several instances
+            // share the work instead of waiting for each other. `more` looks past the limit
+            // in the statement's snapshot (which still holds the rows handled here).
+            evict_completed: format!(
+                "WITH t AS (SELECT {now1} AS now),
+                 due AS (
+                     SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
+                     WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
+                     ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
+                 gone AS (
+                     DELETE FROM {r} AS r USING due
+                     WHERE $3::bigint = 0 AND r.tenant = due.tenant
+                       AND r.operation = due.operation AND r.key = due.key
+                     RETURNING 1),
+                 marked AS (
+                     UPDATE {r} AS r SET state = {TOMBSTONE}, expires_ms = r.expires_ms + $3::bigint,
+                         status = NULL, headers = NULL, body = NULL
+                     FROM due
+                     WHERE $3::bigint > 0 AND r.tenant = due.tenant
+                       AND r.operation = due.operation AND r.key = due.key
+                     RETURNING 1)
+                 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM marked) AS done,
+                        EXISTS (SELECT 1 FROM {r} AS r, t
+                                WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
+                                OFFSET $2) AS more",
+                now1 = now(1)
+            )
+            .into(),
+            evict_tombstones: format!(
+                "WITH t AS (SELECT {now1} AS now),
+                 due AS (
+                     SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
+                     WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
+                     ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
+                 gone AS (
+                     DELETE FROM {r} AS r USING due
+                     WHERE r.tenant = due.tenant AND r.operation = due.operation
+                       AND r.key = due.key
+                     RETURNING 1)
+                 SELECT (SELECT count(*) FROM gone) AS done,
+                        EXISTS (SELECT 1 FROM {r} AS r, t
+                                WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
+                                OFFSET $2) AS more",
+                now1 = now(1)
+            )
+            .into(),
+            abandoned: format!(
+                "SELECT r.tenant, r.operation, r.key, r.fingerprint, r.fence, r.attempt,
+                        r.created_ms, r.lease_until_ms, r.checkpoint
+                 FROM {r} AS r, (SELECT {now1} AS now) AS t
+                 WHERE r.state = {IN_PROGRESS} AND r.lease_until_ms <= t.now
+                 ORDER BY r.lease_until_ms LIMIT $2",
+                now1 = now(1)
+            )
+            .into(),
+            stats: format!(
+                "SELECT count(*) AS records,
+                        count(*) FILTER (WHERE state = {IN_PROGRESS}) AS in_progress,
+                        count(*) FILTER (WHERE state = {COMPLETED}) AS completed,
+                        count(*) FILTER (WHERE state = {TOMBSTONE}) AS tombstones,
+                        (SELECT created_ms FROM {r} WHERE state = {IN_PROGRESS}
+                         ORDER BY lease_until_ms LIMIT 1) AS first_in_progress,
+                        {now1} AS now
+                 FROM {r}",
+                now1 = now(1)
+            )
+            .into(),
+        }
+    }
+}

@@ -1,0 +1,462 @@
+//! [`PgStore`]: the store side of the protocol over PostgreSQL: `begin` (one upsert that
+//! claims, else one read that answers), eviction, the abandoned-work listing and stats.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, PgPool, Row};
+
+use super::claim::PgClaim;
+use super::config::{Config, PgBuilder, duration_i64};
+use super::driver::{backend, timed};
+use super::listen::Wakeups;
+use super::record::{record_of, timestamp};
+use super::schema::Names;
+use super::sql::Sql;
+use crate::error::StoreError;
+use crate::model::begin::Begin;
+use crate::model::config::Sweep;
+use crate::model::decision::decide;
+use crate::model::fingerprint::Fingerprint;
+use crate::model::limits::Limits;
+use crate::model::maintenance::{Abandoned, Backlog, Evicted};
+use crate::model::scope::Scope;
+use crate::model::stats::Stats;
+
+/// How many times in a row `begin` may find the record changed between its upsert and its
+/// read (released, evicted, or its lease ended in between) before it gives up. Each round is
+/// two statements, never a wait; more than two in a row takes a pathological race.
+const RACES: usize = 8;
+
+/// The idempotency store over PostgreSQL (feature `postgres`): the same claim protocol as the
+/// local [`Store`](crate::Store), for several service instances sharing one database.
+///
+/// # The transaction shape
+///
+/// A claim hands out a PostgreSQL transaction ([`PgTx`](crate::PgTx), which derefs to
+/// [`sqlx::Transaction`]); the business SQL runs in it, and [`PgTx::commit`](crate::PgTx::commit)
+/// completes the record in the same transaction:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idemstore::{Begin, Fingerprint, PgStore, Protocol, Response, Scope};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PgStore::builder("postgres://postgres@127.0.0.1:5432/test")
+///     .lease(Duration::from_secs(30))
+///     .open()
+///     .await?;
+/// idemstore::sqlx::query("CREATE TABLE IF NOT EXISTS orders (id text PRIMARY KEY, item text)")
+///     .execute(store.pool())
+///     .await?;
+///
+/// let scope = Scope::new("acct_42", "create_order", "6d4cbddc-9f7c-4e8c")?;
+/// match store.begin(&scope, Fingerprint::of(&("widget", 3u32))?).await? {
+///     Begin::Claimed(claim) | Begin::Recovered(claim) => {
+///         let mut tx = claim.transaction().await?; // BEGIN
+///         idemstore::sqlx::query("INSERT INTO orders (id, item) VALUES ($1, $2)")
+///             .bind("order-1")
+///             .bind("widget x3")
+///             .execute(tx.conn())
+///             .await?;
+///         // UPDATE <prefix>records ... WHERE fence = <the claim's>; then COMMIT. No row
+///         // updated (another attempt took over): rolled back, CommitError::Stale.
+///         tx.commit(Response::new(201, "order-1")).await?;
+///     }
+///     Begin::Replay(stored) => assert_eq!(stored.body(), b"order-1"), // a retry
+///     Begin::InProgress { retry_after } => println!("409, retry in {retry_after:?}"),
+///     Begin::Mismatch => println!("422: key reused for another request"),
+///     Begin::Expired { .. } => println!("410: done long ago"),
+/// }
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # How it keeps the protocol
+///
+/// - **The claim is one statement**: `INSERT ... ON CONFLICT (tenant, operation, key) DO
+///   UPDATE ... WHERE <the lease expired and the fingerprint is the same, or the record is
+///   past its TTL> RETURNING ...`. PostgreSQL's row lock makes exactly one of any number of
+///   racing callers (on any number of instances) insert or take over; the returned attempt
+///   tells a fresh claim (1) from a recovery (n + 1, with the previous checkpoint). No
+///   `SERIALIZABLE` retry loop, no read-then-write.
+/// - **Answers that write nothing** (`Replay`, `InProgress`, `Mismatch`, `Expired`): when the
+///   upsert updated nothing, one plain `SELECT` reads the record, and the same pure decision
+///   function as the local store's answers.
+/// - **Fences** come from a sequence: they never repeat, across instances too.
+/// - **Time** is the database's: every statement reads `statement_timestamp()` once, so
+///   instances with skewed clocks agree on leases and TTLs. Tests replace it with a
+///   [`ManualClock`](crate::ManualClock) through [`PgBuilder::clock`]: the statements then
+///   take the time as a parameter instead, and are otherwise the same.
+/// - **`begin_or_wait`** marks the record as waited for, and wakes on the `NOTIFY` its
+///   completion or release then sends (on commit); it also polls at a bounded interval (50 ms
+///   doubling to 1 s) in case a notification was missed. Records nobody waits for are not
+///   notified: PostgreSQL serializes the commits of notifying transactions.
+/// - **Eviction** walks partial indexes (`expires_ms WHERE state = completed`, and one for
+///   tombstones) in bounded batches with `FOR UPDATE SKIP LOCKED`; a sweeper task runs it as
+///   the local store's sweeper does ([`PgBuilder::sweep`]).
+/// - **Failures**: every call is bounded by [`PgBuilder::timeout`] (the pool's acquire timeout,
+///   the session's `statement_timeout`, and a client-side limit for a connection that hangs).
+///   A failure that acknowledged nothing is [`StoreError::Backend`]; a `COMMIT` whose answer
+///   was lost is [`StoreError::OutcomeUnknown`]: `begin` for the key tells whether it landed.
+///   The pool pings a connection idle for a second or more before using it, and replaces a
+///   connection that failed; a restarted database is picked up without a restart of the
+///   service (a call that was running on a connection as it died fails, the next succeeds).
+///
+/// Schema (created by an embedded, versioned, idempotent migration under the
+/// [prefix](PgBuilder::prefix)): `<prefix>records` (primary key `(tenant, operation, key)`;
+/// fingerprint, state, fence, first fence, attempt, creation, lease end, expiry, checkpoint,
+/// completion time, and the response's status, headers and body), `<prefix>fences` (the
+/// sequence), `<prefix>schema_version`, and the indexes above. Times are `bigint`
+/// milliseconds since the Unix epoch.
+///
+/// Cheap to clone: clones share one pool. Dropping the last clone stops its sweeper.
+#[derive(Clone)]
+pub struct PgStore {
+    pub(crate) inner: Arc<Inner>,
+}
+
+/// What the clones of a store share.
+pub(crate) struct Inner {
+    pub(crate) pool: PgPool,
+    pub(crate) names: Names,
+    pub(crate) sql: Sql,
+    pub(crate) config: Config,
+    pub(crate) counters: Counters,
+    /// Completions and releases announced by the database, for `begin_or_wait`.
+    pub(crate) wakeups: Wakeups,
+    sweeper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(task) = self.sweeper.lock().take() {
+            task.abort();
+        }
+    }
+}
+
+/// Answers since open, in this process.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    claims: AtomicU64,
+    recoveries: AtomicU64,
+    replays: AtomicU64,
+    in_progress: AtomicU64,
+    mismatches: AtomicU64,
+    expired: AtomicU64,
+    pub(crate) stale: AtomicU64,
+    evicted: AtomicU64,
+    tombstones_removed: AtomicU64,
+}
+
+impl Counters {
+    fn count<C>(&self, answer: &Begin<C>) {
+        let counter = match answer {
+            Begin::Claimed(_) => &self.claims,
+            Begin::Recovered(_) => &self.recoveries,
+            Begin::Replay(_) => &self.replays,
+            Begin::InProgress { .. } => &self.in_progress,
+            Begin::Mismatch => &self.mismatches,
+            Begin::Expired { .. } => &self.expired,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn fill(&self, stats: &mut Stats) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        stats.claims = get(&self.claims);
+        stats.recoveries = get(&self.recoveries);
+        stats.replays = get(&self.replays);
+        stats.in_progress_answers = get(&self.in_progress);
+        stats.mismatches = get(&self.mismatches);
+        stats.expired_answers = get(&self.expired);
+        stats.stale_rejections = get(&self.stale);
+        stats.evicted = get(&self.evicted);
+        stats.tombstones_removed = get(&self.tombstones_removed);
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("records", &self.inner.names.records)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// A builder for a store at `url` (`postgres://user@host:5432/db`).
+    pub fn builder(url: &str) -> PgBuilder {
+        PgBuilder::new(url)
+    }
+
+    /// Opens a store at `url` with the default settings.
+    ///
+    /// # Errors
+    /// See [`PgBuilder::open`].
+    pub async fn connect(url: &str) -> Result<PgStore, crate::error::PgOpenError> {
+        PgBuilder::new(url).open().await
+    }
+
+    pub(crate) fn start(pool: PgPool, names: Names, config: Config, sweep: Sweep) -> Self {
+        let sql = Sql::new(&names);
+        let store = PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                names,
+                sql,
+                config,
+                counters: Counters::default(),
+                wakeups: Wakeups::new(),
+                sweeper: parking_lot::Mutex::new(None),
+            }),
+        };
+        if let Sweep::Every { interval, batch } = sweep {
+            let task = super::sweep::start(Arc::downgrade(&store.inner), interval, batch);
+            *store.inner.sweeper.lock() = Some(task);
+        }
+        store
+    }
+
+    /// The pool, for business reads and writes outside a claim.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The records table's name (the prefix and `records`), for operators' queries.
+    pub fn records_table(&self) -> &str {
+        &self.inner.names.records
+    }
+
+    /// The payload of the notification sent when `scope` completes or is released.
+    pub(crate) fn payload(scope: &Scope) -> String {
+        scope.encode().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// One `begin`: the claiming upsert; if it wrote nothing, the read that answers.
+    pub(crate) async fn begin_once(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<PgClaim>, StoreError> {
+        let inner = &self.inner;
+        let (config, limit) = (&inner.config, inner.config.timeout.saturating_mul(2));
+        let tombstone_ms = duration_i64(config.tombstone_ttl);
+        for _ in 0..RACES {
+            let claimed = timed(
+                limit,
+                "claim",
+                sqlx::query(AssertSqlSafe(inner.sql.claim.clone()))
+                    .bind(scope.tenant())
+                    .bind(scope.operation())
+                    .bind(scope.key())
+                    .bind(&fingerprint.as_bytes()[..])
+                    .bind(duration_i64(config.lease))
+                    .bind(config.now())
+                    .bind(tombstone_ms)
+                    .fetch_optional(&inner.pool),
+            )
+            .await?;
+            if let Some(row) = claimed {
+                let claim = PgClaim::from_row(self.clone(), scope.clone(), fingerprint, &row)?;
+                let answer = if claim.attempt_number() == 1 {
+                    Begin::Claimed(claim)
+                } else {
+                    Begin::Recovered(claim)
+                };
+                inner.counters.count(&answer);
+                return Ok(answer);
+            }
+            let found = timed(
+                limit,
+                "read a record",
+                sqlx::query(AssertSqlSafe(inner.sql.lookup.clone()))
+                    .bind(scope.tenant())
+                    .bind(scope.operation())
+                    .bind(scope.key())
+                    .bind(config.now())
+                    .fetch_optional(&inner.pool),
+            )
+            .await?;
+            // Gone between the two statements (released, evicted): claim again.
+            let Some(row) = found else { continue };
+            let (record, now) = record_of(scope, &row)?;
+            let decided = decide(Some(&record), &fingerprint, now, config.tombstone_ttl);
+            // `None`: the record became claimable between the two statements.
+            if let Some(answer) = Begin::without_writing(decided) {
+                inner.counters.count(&answer);
+                return Ok(answer);
+            }
+        }
+        Err(StoreError::Backend {
+            message: format!(
+                "the record for {scope} changed between claim and read {RACES} times in a row; retry"
+            )
+            .into(),
+        })
+    }
+
+    /// Marks `scope`'s in-progress record as waited for, so that its completion or release
+    /// notifies; false if it is no longer in progress.
+    pub(crate) async fn mark_waiting(&self, scope: &Scope) -> Result<bool, StoreError> {
+        let inner = &self.inner;
+        let marked = timed(
+            self.call_limit(),
+            "wait for a holder",
+            sqlx::query(AssertSqlSafe(inner.sql.mark_waiting.clone()))
+                .bind(scope.tenant())
+                .bind(scope.operation())
+                .bind(scope.key())
+                .fetch_optional(&inner.pool),
+        )
+        .await?;
+        Ok(marked.is_some())
+    }
+
+    /// Evicts up to `limit` due records: completed ones first (deleted, or turned into
+    /// tombstones), then tombstones, oldest first through their partial indexes.
+    pub(crate) async fn evict(&self, limit: usize) -> Result<Evicted, StoreError> {
+        let inner = &self.inner;
+        let limit = limit.max(1);
+        let (removed, more_completed) = self
+            .evict_pass(&inner.sql.evict_completed, limit, true)
+            .await?;
+        let budget = limit - removed.min(limit);
+        let (tombstones_removed, more_tombstones) = self
+            .evict_pass(&inner.sql.evict_tombstones, budget, false)
+            .await?;
+        inner
+            .counters
+            .evicted
+            .fetch_add(removed as u64, Ordering::Relaxed);
+        inner
+            .counters
+            .tombstones_removed
+            .fetch_add(tombstones_removed as u64, Ordering::Relaxed);
+        Ok(Evicted {
+            removed,
+            tombstones_removed,
+            backlog: if more_completed || more_tombstones {
+                Backlog::More
+            } else {
+                Backlog::Empty
+            },
+        })
+    }
+
+    async fn evict_pass(
+        &self,
+        sql: &Arc<str>,
+        limit: usize,
+        with_tombstone_ttl: bool,
+    ) -> Result<(usize, bool), StoreError> {
+        let config = &self.inner.config;
+        let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .bind(config.now())
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX));
+        if with_tombstone_ttl {
+            query = query.bind(duration_i64(config.tombstone_ttl));
+        }
+        let row = timed(
+            config.timeout.saturating_mul(2),
+            "evict",
+            query.fetch_one(&self.inner.pool),
+        )
+        .await?;
+        let done: i64 = row.try_get("done").map_err(|e| backend("evict", &e))?;
+        let more: bool = row.try_get("more").map_err(|e| backend("evict", &e))?;
+        Ok((usize::try_from(done).unwrap_or(0), more))
+    }
+
+    pub(crate) async fn list_abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
+        let config = &self.inner.config;
+        let rows = timed(
+            config.timeout.saturating_mul(2),
+            "list abandoned work",
+            sqlx::query(AssertSqlSafe(self.inner.sql.abandoned.clone()))
+                .bind(config.now())
+                .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .fetch_all(&self.inner.pool),
+        )
+        .await?;
+        rows.iter().map(abandoned_of).collect()
+    }
+
+    pub(crate) async fn exact_stats(&self) -> Result<Stats, StoreError> {
+        let config = &self.inner.config;
+        let row = timed(
+            config.timeout.saturating_mul(2),
+            "count records",
+            sqlx::query(AssertSqlSafe(self.inner.sql.stats.clone()))
+                .bind(config.now())
+                .fetch_one(&self.inner.pool),
+        )
+        .await?;
+        let read = |e: sqlx::Error| backend("count records", &e);
+        let count = |name: &str| -> Result<u64, StoreError> {
+            let n: i64 = row.try_get(name).map_err(read)?;
+            Ok(u64::try_from(n).unwrap_or(0))
+        };
+        let first: Option<i64> = row.try_get("first_in_progress").map_err(read)?;
+        let now: i64 = row.try_get("now").map_err(read)?;
+        let mut stats = Stats {
+            records: count("records")?,
+            in_progress: count("in_progress")?,
+            completed: count("completed")?,
+            tombstones: count("tombstones")?,
+            oldest_in_progress: first
+                .map(|created| timestamp(now).saturating_since(timestamp(created))),
+            waiting: self.inner.wakeups.waiting(),
+            ..Stats::default()
+        };
+        self.inner.counters.fill(&mut stats);
+        Ok(stats)
+    }
+
+    pub(crate) fn limits_of(&self) -> Limits {
+        let c = &self.inner.config;
+        Limits {
+            lease: c.lease,
+            ttl: c.ttl,
+            max_response_bytes: c.max_response_bytes,
+            max_checkpoint_bytes: c.max_checkpoint_bytes,
+        }
+    }
+
+    /// The time limit of one call that may wait for a connection and then run a statement.
+    pub(crate) fn call_limit(&self) -> Duration {
+        self.inner.config.timeout.saturating_mul(2)
+    }
+}
+
+fn abandoned_of(row: &PgRow) -> Result<Abandoned, StoreError> {
+    let read = |e: sqlx::Error| backend("list abandoned work", &e);
+    let tenant: String = row.try_get("tenant").map_err(read)?;
+    let operation: String = row.try_get("operation").map_err(read)?;
+    let key: String = row.try_get("key").map_err(read)?;
+    let scope = Scope::new(&tenant, &operation, &key).map_err(|e| StoreError::Backend {
+        message: format!("a stored scope is invalid ({e})").into(),
+    })?;
+    let fingerprint: Vec<u8> = row.try_get("fingerprint").map_err(read)?;
+    let fingerprint = Fingerprint::from_slice(&fingerprint).map_err(|e| StoreError::Backend {
+        message: format!("the stored fingerprint of {scope} is invalid ({e})").into(),
+    })?;
+    let fence: i64 = row.try_get("fence").map_err(read)?;
+    let attempt: i32 = row.try_get("attempt").map_err(read)?;
+    let created: i64 = row.try_get("created_ms").map_err(read)?;
+    let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
+    Ok(Abandoned {
+        scope,
+        fingerprint,
+        fence: u64::try_from(fence).unwrap_or(0),
+        attempt: u32::try_from(attempt).unwrap_or(0),
+        created_at: timestamp(created),
+        lease_until: timestamp(lease_until.unwrap_or(0)),
+        checkpoint: row.try_get("checkpoint").map_err(read)?,
+    })
+}

@@ -1,0 +1,158 @@
+//! The PostgreSQL backend under the conformance suite (features `testing` and `postgres`).
+//!
+//! Tests read the database's URL from `IDEMSTORE_PG_URL` (default
+//! `postgres://postgres@127.0.0.1:5432/test`). A database that cannot be reached fails the
+//! test, with a message saying how to start one: no PostgreSQL test passes by skipping.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::conformance::{Harness, Settings};
+use crate::error::BoxError;
+use crate::model::clock::ManualClock;
+use crate::model::config::Sweep;
+use crate::postgres::{Names, PgStore};
+
+/// The URL tests connect to: `IDEMSTORE_PG_URL`, else the machine's local PostgreSQL.
+pub fn database_url() -> String {
+    std::env::var("IDEMSTORE_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// The error a test fails with when the database at `url` cannot be used: what went wrong,
+/// and how to start PostgreSQL or point the tests elsewhere.
+pub fn unreachable(url: &str, error: &dyn std::fmt::Display) -> BoxError {
+    let ci = if std::env::var("CI").as_deref() == Ok("true") {
+        " (CI=true: .ci/run starts PostgreSQL before the tests; it did not come up)"
+    } else {
+        ""
+    };
+    format!(
+        "the PostgreSQL tests need a database at {url}: {error}{ci}. Start the machine's \
+         PostgreSQL with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, \
+         or set IDEMSTORE_PG_URL to a database the tests may create tables in"
+    )
+    .into()
+}
+
+/// A table prefix no other test uses: process, counter and time.
+pub fn unique_prefix(tag: &str) -> String {
+    static OPENED: AtomicUsize = AtomicUsize::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "t_{tag}_{}_{}_{}_",
+        std::process::id(),
+        OPENED.fetch_add(1, Ordering::Relaxed),
+        nanos % 1_000_000
+    )
+}
+
+/// Drops the tables, sequence and indexes of every prefix in `prefixes`, and every other
+/// table whose name starts with one of them (best effort: a
+/// failure is printed, not raised, because it runs from `Drop`). Blocks, on a thread of its
+/// own, so it may run inside or outside a runtime.
+pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
+    if prefixes.is_empty() {
+        return;
+    }
+    let url = url.to_owned();
+    let dropping = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async move {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .acquire_timeout(std::time::Duration::from_secs(5))
+                .connect(&url)
+                .await?;
+            for prefix in prefixes {
+                let Ok(names) = Names::new(&prefix) else {
+                    continue;
+                };
+                for statement in names.drop_statements() {
+                    sqlx::query(sqlx::AssertSqlSafe(statement))
+                        .execute(&pool)
+                        .await?;
+                }
+                // And the tables a test made under the same prefix (its business tables).
+                let others: Vec<String> = sqlx::query_scalar(
+                    "SELECT tablename::text FROM pg_tables \
+                     WHERE schemaname = current_schema() AND starts_with(tablename, $1)",
+                )
+                .bind(&prefix)
+                .fetch_all(&pool)
+                .await?;
+                for table in others {
+                    let plain = table
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                    if plain {
+                        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+                            .execute(&pool)
+                            .await?;
+                    }
+                }
+            }
+            pool.close().await;
+            Ok::<_, BoxError>(())
+        })
+    });
+    match dropping.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("could not drop a test's tables: {e}"),
+        Err(_) => eprintln!("dropping a test's tables panicked"),
+    }
+}
+
+/// Fresh stores in the database at [`database_url`], each under a table prefix of its own;
+/// every table it created is dropped when the harness is.
+#[derive(Debug)]
+pub struct Postgres {
+    url: String,
+    prefixes: Mutex<Vec<String>>,
+}
+
+impl Postgres {
+    /// A harness for the database at [`database_url`].
+    pub fn new() -> Self {
+        Postgres {
+            url: database_url(),
+            prefixes: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl Default for Postgres {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        drop_prefixes(&self.url, std::mem::take(&mut *self.prefixes.lock()));
+    }
+}
+
+impl Harness for Postgres {
+    type Backend = PgStore;
+
+    async fn open(&self, settings: Settings, clock: ManualClock) -> Result<PgStore, BoxError> {
+        let prefix = unique_prefix("conf");
+        self.prefixes.lock().push(prefix.clone());
+        PgStore::builder(&self.url)
+            .prefix(&prefix)
+            .lease(settings.lease)
+            .ttl(settings.ttl)
+            .tombstone_ttl(settings.tombstone_ttl)
+            .clock(clock)
+            .sweep(Sweep::Off)
+            .pool_size(8)
+            .open()
+            .await
+            .map_err(|e| unreachable(&self.url, &e))
+    }
+}

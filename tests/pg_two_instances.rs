@@ -1,0 +1,343 @@
+//! Two edge service processes against one PostgreSQL database (`--backend postgres`), over
+//! real HTTP on loopback: concurrent identical requests split across both charge once, a
+//! retry on the other instance replays byte for byte, and an instance killed between the
+//! processor call and the commit is recovered by the other (attempt 2) without a second
+//! charge. Both instances share the simulated processor's ledger, whose lines are the side
+//! effects counted here.
+//!
+//! The children are this test binary re-executed to run only [`service_process`], as in
+//! `tests/http_service.rs`. Lease expiry is driven by the surviving instance's manual clock
+//! (a test hook); nothing sleeps to wait for a lease.
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "../examples/edge_service/main.rs"]
+mod edge_service;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix, unreachable};
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error>>;
+
+const ALICE: &str = "Bearer sk_test_alice";
+/// How long a child may take to print an expected line.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Not a test: the service process the tests start.
+#[test]
+#[ignore = "the service process started by the other tests"]
+fn service_process() {
+    if std::env::var_os("EDGE_SERVICE_CHILD").is_some() {
+        edge_service::main().expect("the service runs");
+    }
+}
+
+/// One database schema (a table prefix) and one processor ledger, shared by the instances
+/// of a test; the tables are dropped at the end.
+struct Shared {
+    url: String,
+    prefix: String,
+    dir: tempfile::TempDir,
+}
+
+impl Shared {
+    fn new() -> Result<Shared, Box<dyn std::error::Error>> {
+        let url = database_url();
+        // Fails (never skips) when the database is not there, saying how to start it.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        runtime
+            .block_on(idemstore::sqlx::PgPool::connect(&url))
+            .map_err(|e| unreachable(&url, &e).to_string())?;
+        Ok(Shared {
+            url,
+            prefix: unique_prefix("edge"),
+            dir: tempfile::tempdir()?,
+        })
+    }
+
+    fn ledger(&self) -> std::path::PathBuf {
+        self.dir.path().join("processor-ledger.jsonl")
+    }
+
+    /// The processor's side effects: the charges in its ledger, whoever made them.
+    fn side_effects(&self) -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(std::fs::read_to_string(self.ledger())?
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count())
+    }
+
+    fn start(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Result<Service, Box<dyn std::error::Error>> {
+        let data = self.dir.path().join(name);
+        std::fs::create_dir_all(&data)?;
+        let mut all = vec![
+            ("EDGE_BACKEND", "postgres"),
+            ("EDGE_PG_URL", self.url.as_str()),
+            ("EDGE_PG_PREFIX", self.prefix.as_str()),
+        ];
+        let ledger = self.ledger();
+        let ledger = ledger.to_str().ok_or("a path in UTF-8")?;
+        all.push(("EDGE_PROCESSOR_LEDGER", ledger));
+        all.extend_from_slice(env);
+        Service::start(&data, &all)
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The store's tables and the service's charges table, all under the prefix.
+        drop_prefixes(&self.url, vec![self.prefix.clone()]);
+    }
+}
+
+/// A running instance: the child, its address, and its stdout lines.
+struct Service {
+    child: Child,
+    base: String,
+    lines: Mutex<Receiver<String>>,
+    agent: ureq::Agent,
+}
+
+impl Service {
+    fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args([
+                "service_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("EDGE_SERVICE_CHILD", "1")
+            .env("EDGE_ADDR", "127.0.0.1:0")
+            .env("EDGE_DATA", data)
+            .env("EDGE_TIMEOUT_RATE", "0")
+            .env("EDGE_LATENCY_MS", "100")
+            .env("EDGE_COMPLETE_EVERY_MS", "3600000")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (send, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut service = Service {
+            child,
+            base: String::new(),
+            lines: Mutex::new(lines),
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into(),
+        };
+        let listening = service.line_starting("listening on ")?;
+        service.base = listening["listening on ".len()..].to_owned();
+        Ok(service)
+    }
+
+    fn line_starting(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = self
+                .lines
+                .lock()
+                .map_err(|_| "poisoned")?
+                .recv_timeout(left);
+            match next {
+                Ok(line) if line.contains(prefix) => {
+                    let at = line.find(prefix).unwrap_or(0);
+                    return Ok(line[at..].to_owned());
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return Err(format!("no `{prefix}` line").into()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the service exited before printing `{prefix}`").into());
+                }
+            }
+        }
+    }
+
+    fn charge(&self, key: &str, body: &str) -> Result<Answer, ureq::Error> {
+        charge_at(&self.agent, &self.base, key, body)
+    }
+
+    fn advance_clock(&self, seconds: u64) -> Result<(), ureq::Error> {
+        let url = format!("{}/_test/clock?advance_secs={seconds}", self.base);
+        let mut answer = self.agent.post(url).send_empty()?;
+        assert_eq!(
+            answer.status(),
+            200,
+            "{}",
+            answer.body_mut().read_to_string()?
+        );
+        Ok(())
+    }
+
+    /// SIGKILL: no destructor, no flush, no goodbye.
+    fn kill(mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn charge_at(
+    agent: &ureq::Agent,
+    base: &str,
+    key: &str,
+    body: &str,
+) -> Result<Answer, ureq::Error> {
+    let mut response = agent
+        .post(format!("{base}/charges"))
+        .header("authorization", ALICE)
+        .header("idempotency-key", key)
+        .content_type("application/json")
+        .send(body)?;
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|v| v == "true");
+    Ok(Answer {
+        status: response.status().as_u16(),
+        replayed,
+        body: response.body_mut().read_to_vec()?,
+    })
+}
+
+struct Answer {
+    status: u16,
+    replayed: bool,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+fn charge_body(amount: u64) -> String {
+    json!({"amount": amount, "currency": "eur", "customer": "cus_42"}).to_string()
+}
+
+#[test]
+fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResult {
+    let shared = Shared::new()?;
+    let services = Arc::new([shared.start("a", &[])?, shared.start("b", &[])?]);
+    let barrier = Arc::new(Barrier::new(200));
+    let threads: Vec<_> = (0..200)
+        .map(|i| {
+            let (services, barrier) = (services.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                services[i % 2].charge("order-shared-1", &charge_body(1900))
+            })
+        })
+        .collect();
+    let (mut created, mut replayed, mut in_progress) = (Vec::new(), 0, 0);
+    for thread in threads {
+        let answer = thread.join().map_err(|_| "a client thread panicked")??;
+        match (answer.status, answer.replayed) {
+            (201, false) => created.push(answer.body),
+            (201, true) => replayed += 1,
+            (409, false) => in_progress += 1,
+            (status, _) => panic!(
+                "unexpected {status}: {}",
+                String::from_utf8_lossy(&answer.body)
+            ),
+        }
+    }
+    assert_eq!(created.len(), 1, "exactly one request ran");
+    assert_eq!(replayed + in_progress, 199);
+    assert_eq!(shared.side_effects()?, 1, "one charge at the processor");
+
+    // A retry on either instance replays the one response, byte for byte.
+    for service in services.iter() {
+        let retry = service.charge("order-shared-1", &charge_body(1900))?;
+        assert!(retry.replayed && retry.status == 201);
+        assert_eq!(retry.body, created[0], "byte for byte");
+    }
+    // The same key for another request is refused on both.
+    for service in services.iter() {
+        assert_eq!(
+            service.charge("order-shared-1", &charge_body(2500))?.status,
+            422
+        );
+    }
+    assert_eq!(shared.side_effects()?, 1);
+    Ok(())
+}
+
+#[test]
+fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> TestResult {
+    let shared = Shared::new()?;
+    let hooks = [("EDGE_MANUAL_CLOCK", "1"), ("EDGE_LEASE_SECS", "30")];
+    let doomed = shared.start("a", &[hooks[0], hooks[1], ("EDGE_PAUSE_AFTER_CHARGE", "1")])?;
+    let survivor = shared.start("b", &hooks)?;
+    let client = std::thread::spawn({
+        let (agent, base) = (doomed.agent.clone(), doomed.base.clone());
+        move || charge_at(&agent, &base, "order-crash-1", &charge_body(1900)).is_ok()
+    });
+    doomed.line_starting("PAUSED order-crash-1")?;
+    doomed.kill()?;
+    assert!(
+        !client.join().map_err(|_| "the client panicked")?,
+        "the request died with the process"
+    );
+    assert_eq!(shared.side_effects()?, 1, "the charge happened");
+
+    // Within the lease the other instance answers 409: the claim lives in the database.
+    let early = survivor.charge("order-crash-1", &charge_body(1900))?;
+    assert_eq!(
+        early.status,
+        409,
+        "{}",
+        String::from_utf8_lossy(&early.body)
+    );
+
+    survivor.advance_clock(31)?;
+    let recovered = survivor.charge("order-crash-1", &charge_body(1900))?;
+    assert_eq!(
+        (recovered.status, recovered.replayed),
+        (201, false),
+        "{}",
+        String::from_utf8_lossy(&recovered.body)
+    );
+    assert_eq!(recovered.json()["attempt"], 2, "a recovery");
+    assert_eq!(shared.side_effects()?, 1, "no second charge");
+
+    let again = survivor.charge("order-crash-1", &charge_body(1900))?;
+    assert!(again.replayed);
+    assert_eq!(again.body, recovered.body);
+    Ok(())
+}
