@@ -7,16 +7,18 @@
 //! from inside a test. Lease expiry is driven by the service's manual clock (a test hook);
 //! nothing sleeps.
 
+mod common;
+
 #[allow(dead_code, unreachable_pub)]
 #[path = "../examples/edge_service/main.rs"]
 mod edge_service;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Barrier, Mutex};
+use std::process::Command;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+
+use common::service::{PATIENCE, Service};
 
 use serde_json::{Value, json};
 
@@ -27,8 +29,6 @@ const ALICE: &str = "Bearer sk_test_alice";
 const OPERATOR_TOKEN: &str = "sk_test_operator";
 const OPERATOR: &str = "Bearer sk_test_operator";
 const BOB: &str = "Bearer sk_test_bob";
-/// How long a child may take to print an expected line (a cold start on a loaded CI machine).
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Not a test: the service process the tests start (see the module docs).
 #[test]
@@ -39,89 +39,15 @@ fn service_process() {
     }
 }
 
-/// A running service: the child, its address, and its stdout lines.
-struct Service {
-    child: Child,
-    base: String,
-    lines: Mutex<Receiver<String>>,
-    agent: ureq::Agent,
+/// What these tests ask of the service, beside starting and killing it.
+trait Api {
+    fn charge(&self, auth: &str, key: Option<&str>, body: &str) -> Result<Answer, ureq::Error>;
+    fn get(&self, path: &str, auth: &str) -> Result<Answer, ureq::Error>;
+    /// The operator's view of `/stats`: every tenant's side effects and the store's counters.
+    fn stats(&self) -> Result<Value, Box<dyn std::error::Error>>;
 }
 
-impl Service {
-    /// Starts the service on an ephemeral port with its data in `data`.
-    fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
-        let mut command = Command::new(std::env::current_exe()?);
-        command
-            .args([
-                "service_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("EDGE_SERVICE_CHILD", "1")
-            .env("EDGE_ADDR", "127.0.0.1:0")
-            .env("EDGE_DATA", data)
-            .env("EDGE_TIMEOUT_RATE", "0")
-            .env("EDGE_LATENCY_MS", "20")
-            .env("EDGE_ADMIN_TOKEN", OPERATOR_TOKEN)
-            // The completer only where a test asks for it: it would race the retries the
-            // other tests make themselves.
-            .env("EDGE_COMPLETE_EVERY_MS", "3600000")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (send, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut service = Service {
-            child,
-            base: String::new(),
-            lines: Mutex::new(lines),
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .build()
-                .into(),
-        };
-        let listening = service.line_starting("listening on ")?;
-        service.base = listening["listening on ".len()..].to_owned();
-        Ok(service)
-    }
-
-    /// Waits for the child to print `prefix`; answers the line from there on.
-    fn line_starting(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let next = self
-                .lines
-                .lock()
-                .map_err(|_| "poisoned")?
-                .recv_timeout(left);
-            match next {
-                // The harness's "test service_process ... " may share the first line.
-                Ok(line) if line.contains(prefix) => {
-                    let at = line.find(prefix).unwrap_or(0);
-                    return Ok(line[at..].to_owned());
-                }
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => return Err(format!("no `{prefix}` line").into()),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(format!("the service exited before printing `{prefix}`").into());
-                }
-            }
-        }
-    }
-
+impl Api for Service {
     fn charge(&self, auth: &str, key: Option<&str>, body: &str) -> Result<Answer, ureq::Error> {
         charge_at(&self.agent, &self.base, auth, key, body)
     }
@@ -135,31 +61,19 @@ impl Service {
         )
     }
 
-    /// The operator's view of `/stats`: every tenant's side effects and the store's counters.
     fn stats(&self) -> Result<Value, Box<dyn std::error::Error>> {
         Ok(serde_json::from_str(&self.get("/stats", OPERATOR)?.body)?)
     }
-
-    fn advance_clock(&self, seconds: u64) -> Result<(), ureq::Error> {
-        let url = format!("{}/_test/clock?advance_secs={seconds}", self.base);
-        let answer = Answer::from(self.agent.post(url).send_empty()?)?;
-        assert_eq!(answer.status, 200, "{}", answer.body);
-        Ok(())
-    }
-
-    /// SIGKILL: no destructor, no flush, no goodbye.
-    fn kill(mut self) -> std::io::Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the service with these tests' settings (a 20 ms processor, an operator token).
+fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
+    let mut all = vec![
+        ("EDGE_LATENCY_MS", "20"),
+        ("EDGE_ADMIN_TOKEN", OPERATOR_TOKEN),
+    ];
+    all.extend_from_slice(env);
+    Service::start(data, &all)
 }
 
 /// `POST /charges` on the service at `base`.
@@ -221,7 +135,7 @@ fn charge_body(amount: u64) -> String {
 #[test]
 fn fifty_concurrent_identical_posts_charge_once() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let service = Arc::new(Service::start(dir.path(), &[("EDGE_LATENCY_MS", "100")])?);
+    let service = Arc::new(start(dir.path(), &[("EDGE_LATENCY_MS", "100")])?);
     let barrier = Arc::new(Barrier::new(50));
     let threads: Vec<_> = (0..50)
         .map(|_| {
@@ -264,7 +178,7 @@ fn fifty_concurrent_identical_posts_charge_once() -> TestResult {
 #[test]
 fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let service = Service::start(dir.path(), &[])?;
+    let service = start(dir.path(), &[])?;
 
     let first = service.charge(ALICE, Some("request-k-1"), &charge_body(1900))?;
     assert_eq!(first.status, 201, "{}", first.body);
@@ -381,7 +295,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
 fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_charge() -> TestResult {
     let dir = tempfile::tempdir()?;
     let hooks = [("EDGE_MANUAL_CLOCK", "1"), ("EDGE_LEASE_SECS", "30")];
-    let doomed = Service::start(
+    let doomed = start(
         dir.path(),
         &[hooks[0], hooks[1], ("EDGE_PAUSE_AFTER_CHARGE", "1")],
     )?;
@@ -405,7 +319,7 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
         "the request died with the process"
     );
 
-    let service = Service::start(dir.path(), &hooks)?;
+    let service = start(dir.path(), &hooks)?;
     assert_eq!(
         service.stats()?["processor"]["side_effects"],
         1,
@@ -452,7 +366,7 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
 #[test]
 fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let service = Service::start(
+    let service = start(
         dir.path(),
         &[
             ("EDGE_MANUAL_CLOCK", "1"),
@@ -488,7 +402,7 @@ fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() ->
 #[test]
 fn an_abandoned_charge_is_completed_by_the_completer_without_a_second_charge() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let service = Service::start(
+    let service = start(
         dir.path(),
         &[
             ("EDGE_MANUAL_CLOCK", "1"),
@@ -595,7 +509,7 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
         }
     };
     let ledger = dir.path().join("processor-ledger.jsonl");
-    let service = Service::start(
+    let service = start(
         &tmpfs.path,
         &[
             ("EDGE_LOG_SEGMENT_KB", "64"),
@@ -672,7 +586,7 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
 #[test]
 fn metrics_are_scraped_in_prometheus_text_after_a_known_workload() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let service = Service::start(dir.path(), &[])?;
+    let service = start(dir.path(), &[])?;
     for key in ["metrics-1", "metrics-2"] {
         let created = service.charge(ALICE, Some(key), &charge_body(100))?;
         assert_eq!(created.status, 201, "{}", created.body);

@@ -9,16 +9,15 @@
 //! `tests/http_service.rs`. Lease expiry is driven by the surviving instance's manual clock
 //! (a test hook); nothing sleeps to wait for a lease.
 
+mod common;
+
 #[allow(dead_code, unreachable_pub)]
 #[path = "../examples/edge_service/main.rs"]
 mod edge_service;
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::sync::{Arc, Barrier, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Barrier};
+
+use common::service::Service;
 
 use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix, unreachable};
 use serde_json::{Value, json};
@@ -26,9 +25,6 @@ use serde_json::{Value, json};
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
 const ALICE: &str = "Bearer sk_test_alice";
-/// How long a child may take to print an expected line.
-const PATIENCE: Duration = Duration::from_secs(60);
-
 /// Not a test: the service process the tests start.
 #[test]
 #[ignore = "the service process started by the other tests"]
@@ -90,6 +86,7 @@ impl Shared {
         let ledger = self.ledger();
         let ledger = ledger.to_str().ok_or("a path in UTF-8")?;
         all.push(("EDGE_PROCESSOR_LEDGER", ledger));
+        all.push(("EDGE_LATENCY_MS", "100"));
         all.extend_from_slice(env);
         Service::start(&data, &all)
     }
@@ -102,112 +99,9 @@ impl Drop for Shared {
     }
 }
 
-/// A running instance: the child, its address, and its stdout lines.
-struct Service {
-    child: Child,
-    base: String,
-    lines: Mutex<Receiver<String>>,
-    agent: ureq::Agent,
-}
-
-impl Service {
-    fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
-        let mut command = Command::new(std::env::current_exe()?);
-        command
-            .args([
-                "service_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("EDGE_SERVICE_CHILD", "1")
-            .env("EDGE_ADDR", "127.0.0.1:0")
-            .env("EDGE_DATA", data)
-            .env("EDGE_TIMEOUT_RATE", "0")
-            .env("EDGE_LATENCY_MS", "100")
-            .env("EDGE_COMPLETE_EVERY_MS", "3600000")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let mut child = command.spawn()?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let (send, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut service = Service {
-            child,
-            base: String::new(),
-            lines: Mutex::new(lines),
-            agent: ureq::Agent::config_builder()
-                .http_status_as_error(false)
-                .build()
-                .into(),
-        };
-        let listening = service.line_starting("listening on ")?;
-        service.base = listening["listening on ".len()..].to_owned();
-        Ok(service)
-    }
-
-    fn line_starting(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let next = self
-                .lines
-                .lock()
-                .map_err(|_| "poisoned")?
-                .recv_timeout(left);
-            match next {
-                Ok(line) if line.contains(prefix) => {
-                    let at = line.find(prefix).unwrap_or(0);
-                    return Ok(line[at..].to_owned());
-                }
-                Ok(_) => {}
-                Err(RecvTimeoutError::Timeout) => return Err(format!("no `{prefix}` line").into()),
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(format!("the service exited before printing `{prefix}`").into());
-                }
-            }
-        }
-    }
-
-    fn charge(&self, key: &str, body: &str) -> Result<Answer, ureq::Error> {
-        charge_at(&self.agent, &self.base, key, body)
-    }
-
-    fn advance_clock(&self, seconds: u64) -> Result<(), ureq::Error> {
-        let url = format!("{}/_test/clock?advance_secs={seconds}", self.base);
-        let mut answer = self.agent.post(url).send_empty()?;
-        assert_eq!(
-            answer.status(),
-            200,
-            "{}",
-            answer.body_mut().read_to_string()?
-        );
-        Ok(())
-    }
-
-    /// SIGKILL: no destructor, no flush, no goodbye.
-    fn kill(mut self) -> std::io::Result<()> {
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok(())
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A charge on an instance.
+fn charge(service: &Service, key: &str, body: &str) -> Result<Answer, ureq::Error> {
+    charge_at(&service.agent, &service.base, key, body)
 }
 
 fn charge_at(
@@ -260,7 +154,7 @@ fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResu
             let (services, barrier) = (services.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                services[i % 2].charge("order-shared-1", &charge_body(1900))
+                charge(&services[i % 2], "order-shared-1", &charge_body(1900))
             })
         })
         .collect();
@@ -283,14 +177,14 @@ fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResu
 
     // A retry on either instance replays the one response, byte for byte.
     for service in services.iter() {
-        let retry = service.charge("order-shared-1", &charge_body(1900))?;
+        let retry = charge(service, "order-shared-1", &charge_body(1900))?;
         assert!(retry.replayed && retry.status == 201);
         assert_eq!(retry.body, created[0], "byte for byte");
     }
     // The same key for another request is refused on both.
     for service in services.iter() {
         assert_eq!(
-            service.charge("order-shared-1", &charge_body(2500))?.status,
+            charge(service, "order-shared-1", &charge_body(2500))?.status,
             422
         );
     }
@@ -317,7 +211,7 @@ fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> T
     assert_eq!(shared.side_effects()?, 1, "the charge happened");
 
     // Within the lease the other instance answers 409: the claim lives in the database.
-    let early = survivor.charge("order-crash-1", &charge_body(1900))?;
+    let early = charge(&survivor, "order-crash-1", &charge_body(1900))?;
     assert_eq!(
         early.status,
         409,
@@ -326,7 +220,7 @@ fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> T
     );
 
     survivor.advance_clock(31)?;
-    let recovered = survivor.charge("order-crash-1", &charge_body(1900))?;
+    let recovered = charge(&survivor, "order-crash-1", &charge_body(1900))?;
     assert_eq!(
         (recovered.status, recovered.replayed),
         (201, false),
@@ -336,7 +230,7 @@ fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> T
     assert_eq!(recovered.json()["attempt"], 2, "a recovery");
     assert_eq!(shared.side_effects()?, 1, "no second charge");
 
-    let again = survivor.charge("order-crash-1", &charge_body(1900))?;
+    let again = charge(&survivor, "order-crash-1", &charge_body(1900))?;
     assert!(again.replayed);
     assert_eq!(again.body, recovered.body);
     Ok(())

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod service;
 
 use std::path::Path;
 use std::time::Duration;
