@@ -154,6 +154,16 @@ async fn bad_keys_missing_keys_and_large_bodies_are_refused_before_the_store() -
     .await?;
     assert_eq!(large.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(large.problem_type(), "urn:idemstore:problem:body-too-large");
+    // Refused with the body unread (or part read): the connection is closed, and said so,
+    // so that a client pooling connections does not send its next request on it.
+    for refused in [&missing, &large] {
+        assert_eq!(
+            refused.headers.get("connection").map(|v| v.as_bytes()),
+            Some(&b"close"[..]),
+            "{:?}",
+            refused.headers
+        );
+    }
 
     let mut anonymous = post_req("request-k", BODY);
     anonymous.extensions_mut().remove::<Tenant>();

@@ -89,6 +89,10 @@ pub(crate) async fn authenticate(
                 header::WWW_AUTHENTICATE,
                 HeaderValue::from_static("Bearer realm=\"edge-service\""),
             );
+            // Refused before its body is read: the connection cannot serve another request.
+            refused
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             refused
         }
     }

@@ -21,6 +21,17 @@ pub(crate) fn problem(status: StatusCode, kind: &str, title: &str, detail: &str)
 
 const PROBLEM_JSON: &str = "application/problem+json";
 
+/// `response` with `Connection: close`: for a refusal answered before the request's body was
+/// read (or read whole). The server cannot reuse the connection, whose unread bytes would be
+/// taken for the next request, and hyper closes it; saying so lets a client that pools
+/// connections open a new one for its next request instead of failing on this one.
+pub(crate) fn closing(mut response: Response<Body>) -> Response<Body> {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
 fn problem_body(status: StatusCode, kind: &str, title: &str, detail: &str) -> String {
     serde_json::json!({
         "type": format!("urn:idemstore:problem:{kind}"),

@@ -155,7 +155,7 @@ where
             let response = inner.call(Request::from_parts(parts, body)).await?;
             return Ok(response.map(Body::new));
         }
-        Admission::Refused(answer) => return Ok(answer),
+        Admission::Refused(answer) => return Ok(problem::closing(answer)),
         Admission::Covered(scope) => scope,
     };
     // Held until the response is stored (it goes with the claimed request's task).
@@ -163,13 +163,17 @@ where
         None => None,
         Some(slots) => match slots.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
-            Err(_) => return Ok(problem::overloaded()),
+            Err(_) => return Ok(problem::closing(problem::overloaded())),
         },
     };
     let bytes = match request::read_body(body, &parts.headers, settings.max_body).await {
         Ok(bytes) => bytes,
-        Err(BodyProblem::TooLarge) => return Ok(problem::body_too_large(settings.max_body)),
-        Err(BodyProblem::Unreadable(why)) => return Ok(problem::unreadable_body(&why)),
+        Err(BodyProblem::TooLarge) => {
+            return Ok(problem::closing(problem::body_too_large(settings.max_body)));
+        }
+        Err(BodyProblem::Unreadable(why)) => {
+            return Ok(problem::closing(problem::unreadable_body(&why)));
+        }
     };
     let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
     if let Work::Local(store) = &settings.work {
