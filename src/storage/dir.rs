@@ -25,16 +25,7 @@ impl FsLogDir {
 
 impl LogDir for FsLogDir {
     fn list(&self) -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.path)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file()
-                && let Some(name) = entry.file_name().to_str()
-            {
-                names.push(name.to_owned());
-            }
-        }
-        Ok(names)
+        file_names(&self.path)
     }
 
     fn open(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
@@ -97,4 +88,18 @@ impl LogFile for FsLogFile {
     fn sync_data(&mut self) -> io::Result<()> {
         self.file.sync_data()
     }
+}
+
+/// The names of the regular files in `dir` (a log directory's segments and strays).
+pub(crate) fn file_names(dir: &Path) -> io::Result<Vec<String>> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file()
+            && let Some(name) = entry.file_name().to_str()
+        {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
 }

@@ -46,16 +46,7 @@ fn refused() -> io::Error {
 
 impl LogDir for ReadOnlyLogDir {
     fn list(&self) -> io::Result<Vec<String>> {
-        let mut names = Vec::new();
-        for entry in std::fs::read_dir(&self.path)? {
-            let entry = entry?;
-            if entry.file_type()?.is_file()
-                && let Some(name) = entry.file_name().to_str()
-            {
-                names.push(name.to_owned());
-            }
-        }
-        Ok(names)
+        super::dir::file_names(&self.path)
     }
 
     fn open(&self, name: &str) -> io::Result<Box<dyn LogFile>> {
