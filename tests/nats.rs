@@ -11,50 +11,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer, stream};
+use async_nats::jetstream::{AckKind, consumer, stream};
 use futures_util::StreamExt;
 use idemstore::relay::{JetStreamSink, Relay, RelayConfig, Sink};
 use idemstore::{Begin, BoxError, Execution, Fingerprint, Message, Response};
 
+use common::nats::{connect, unique};
 use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
-
-async fn connect() -> jetstream::Context {
-    let url =
-        std::env::var("IDEMSTORE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
-    let connected = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(&url)).await;
-    match connected {
-        Ok(Ok(client)) => jetstream::new(client),
-        other => {
-            let why = match other {
-                Ok(Err(e)) => e.to_string(),
-                _ => "no answer within 5 s".to_owned(),
-            };
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!(
-                    "NATS JetStream at {url} is unreachable under CI ({why}); .ci/run starts it"
-                );
-            }
-            panic!(
-                "NATS JetStream at {url} is unreachable ({why}). Start it with \
-                 `start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
-                 -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server`, or set IDEMSTORE_NATS_URL"
-            );
-        }
-    }
-}
-
-/// A name no other test (or run) uses.
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!(
-        "{prefix}_{}_{}_{nanos}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 /// JetStream, but the first attempt of every message "loses" the stream's ack after the
 /// stream stored it: what a crash or a timeout between publish and settlement looks like to

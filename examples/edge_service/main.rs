@@ -20,7 +20,7 @@
 //! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
 //! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
-//! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` |
+//! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` (`EDGE_NATS_STREAM` renames it; `EDGE_NATS_SUBJECT_PREFIX` prefixes the subjects sent) |
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
@@ -333,8 +333,10 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 /// With `--nats URL`, a relay that publishes the outbox's `charges.created` events to the
-/// JetStream stream `CHARGES` (made if missing), exactly once by message id. Without it, none:
-/// the events wait in the outbox.
+/// JetStream stream `CHARGES` (made if missing, on `charges.>`), exactly once by message id.
+/// Without it, none: the events wait in the outbox. `EDGE_NATS_STREAM` and
+/// `EDGE_NATS_SUBJECT_PREFIX` rename the stream and put a prefix before every subject sent
+/// (tests use their own, so that they never share a stream).
 #[cfg(feature = "nats")]
 async fn start_relay(
     store: &Store,
@@ -343,21 +345,46 @@ async fn start_relay(
     if url.is_empty() {
         return Ok(None);
     }
+    let stream = std::env::var("EDGE_NATS_STREAM").unwrap_or_else(|_| "CHARGES".to_owned());
+    let prefix = std::env::var("EDGE_NATS_SUBJECT_PREFIX").unwrap_or_default();
     let client = async_nats::connect(url).await?;
     let jetstream = async_nats::jetstream::new(client);
     jetstream
         .get_or_create_stream(async_nats::jetstream::stream::Config {
-            name: "CHARGES".into(),
-            subjects: vec!["charges.>".into()],
+            name: stream.clone(),
+            subjects: vec![format!("{prefix}charges.>")],
             ..Default::default()
         })
         .await?;
-    println!("publishing charges.created to JetStream at {url}");
+    println!("publishing {prefix}charges.created to JetStream stream {stream} at {url}");
+    let sink = Prefixed {
+        inner: idemstore::relay::JetStreamSink::new(jetstream),
+        prefix,
+    };
     Ok(Some(idemstore::relay::Relay::start(
         store,
-        idemstore::relay::JetStreamSink::new(jetstream),
+        sink,
         idemstore::relay::RelayConfig::default(),
     )))
+}
+
+/// The JetStream sink, with a prefix before each subject.
+#[cfg(feature = "nats")]
+struct Prefixed {
+    inner: idemstore::relay::JetStreamSink,
+    prefix: String,
+}
+
+#[cfg(feature = "nats")]
+impl idemstore::relay::Sink for Prefixed {
+    async fn deliver(&self, message: &idemstore::Message) -> Result<(), idemstore::BoxError> {
+        if self.prefix.is_empty() {
+            return self.inner.deliver(message).await;
+        }
+        let mut renamed = message.clone();
+        renamed.subject = format!("{}{}", self.prefix, message.subject);
+        self.inner.deliver(&renamed).await
+    }
 }
 
 #[cfg(not(feature = "nats"))]

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "http")]
 pub mod service;
 

@@ -1,6 +1,7 @@
-//! The edge service as a real process, for the tests that kill it: each test binary re-runs
-//! itself with `service_process --ignored` (its own entry point, which runs the example's
-//! `main`), reads the address it prints, and talks to it over loopback.
+//! An example (the edge service, the ledger consumer) as a real process, for the tests that
+//! kill it: each test binary re-runs itself with `<entry> --ignored` (its own entry point,
+//! which runs the example's `main`), reads the address it prints, and talks to it over
+//! loopback.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -26,22 +27,32 @@ impl Service {
     /// Starts the service on an ephemeral port with its data in `data`: no lost processor
     /// answers and no completer unless `env` (applied last) says otherwise.
     pub fn start(data: &Path, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
+        let data = data.to_str().ok_or("a data path that is not UTF-8")?;
+        let mut all = vec![
+            ("EDGE_SERVICE_CHILD", "1"),
+            ("EDGE_ADDR", "127.0.0.1:0"),
+            ("EDGE_DATA", data),
+            ("EDGE_TIMEOUT_RATE", "0"),
+            // The completer only where a test asks for it: it would race the retries the
+            // tests make themselves.
+            ("EDGE_COMPLETE_EVERY_MS", "3600000"),
+        ];
+        all.extend_from_slice(env);
+        Service::spawn("service_process", &all)
+    }
+
+    /// Runs this test binary's ignored test `entry` as a child with `env`, and waits for it
+    /// to print `listening on <base>`.
+    pub fn spawn(entry: &str, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
         let mut command = Command::new(std::env::current_exe()?);
         command
             .args([
-                "service_process",
+                entry,
                 "--exact",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
             ])
-            .env("EDGE_SERVICE_CHILD", "1")
-            .env("EDGE_ADDR", "127.0.0.1:0")
-            .env("EDGE_DATA", data)
-            .env("EDGE_TIMEOUT_RATE", "0")
-            // The completer only where a test asks for it: it would race the retries the
-            // tests make themselves.
-            .env("EDGE_COMPLETE_EVERY_MS", "3600000")
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
         for (name, value) in env {

@@ -1,0 +1,52 @@
+//! A real NATS JetStream server for the tests: `IDEMSTORE_NATS_URL`, by default
+//! `nats://127.0.0.1:4222`. An unreachable server fails the test (under `CI=true` and
+//! elsewhere alike: a test never passes by skipping its subject); the message says how to
+//! start it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream;
+
+/// The server's URL.
+pub fn url() -> String {
+    std::env::var("IDEMSTORE_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+}
+
+/// JetStream on the test server; panics, saying how to start it, if it is unreachable.
+pub async fn connect() -> jetstream::Context {
+    let url = url();
+    let connected = tokio::time::timeout(Duration::from_secs(5), async_nats::connect(&url)).await;
+    match connected {
+        Ok(Ok(client)) => jetstream::new(client),
+        other => {
+            let why = match other {
+                Ok(Err(e)) => e.to_string(),
+                _ => "no answer within 5 s".to_owned(),
+            };
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!(
+                    "NATS JetStream at {url} is unreachable under CI ({why}); .ci/run starts it"
+                );
+            }
+            panic!(
+                "NATS JetStream at {url} is unreachable ({why}). Start it with \
+                 `start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+                 -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server`, or set IDEMSTORE_NATS_URL"
+            );
+        }
+    }
+}
+
+/// A name no other test (or run) uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!(
+        "{prefix}_{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
