@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 pub(super) struct Counters {
     pub(super) delivered: AtomicU64,
     pub(super) retried: AtomicU64,
+    pub(super) unavailable: AtomicU64,
     pub(super) dead_lettered: AtomicU64,
     pub(super) passes: AtomicU64,
     pub(super) last_error: Mutex<Option<String>>,
@@ -22,6 +23,9 @@ pub struct RelayStats {
     pub delivered: u64,
     /// Failed attempts that will be retried.
     pub retried: u64,
+    /// Attempts that found the sink [`Unavailable`](super::Unavailable) (not counted against
+    /// the message's attempts).
+    pub unavailable: u64,
     /// Messages moved to the dead letters.
     pub dead_lettered: u64,
     /// Passes over the outbox.
@@ -35,6 +39,7 @@ impl Counters {
         RelayStats {
             delivered: self.delivered.load(Ordering::Relaxed),
             retried: self.retried.load(Ordering::Relaxed),
+            unavailable: self.unavailable.load(Ordering::Relaxed),
             dead_lettered: self.dead_lettered.load(Ordering::Relaxed),
             passes: self.passes.load(Ordering::Relaxed),
             last_error: self.last_error.lock().clone(),

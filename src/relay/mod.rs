@@ -11,7 +11,10 @@
 //! - **retries** back off exponentially with jitter; after
 //!   [`RelayConfig::max_attempts`] failures a message moves to the dead letters
 //!   ([`Store::dead_letters`](crate::Store::dead_letters), `retry_dead_letter`,
-//!   `drop_dead_letter`) with its last error, and its subject goes on.
+//!   `drop_dead_letter`) with its last error, and its subject goes on;
+//! - **an outage is not a failure of the message**: a sink that answers [`Unavailable`] (the
+//!   broker is down) pauses all delivery with the same backoff, and counts no attempt, so a
+//!   long outage sends nothing to the dead letters.
 //!
 //! With a sink that deduplicates by id ([`JetStreamSink`], which sets `Nats-Msg-Id`), a message
 //! is in the stream **exactly once**. The relay reads published snapshots only, so it never
@@ -29,4 +32,4 @@ pub use self::counters::RelayStats;
 #[cfg(feature = "nats")]
 pub use self::nats::JetStreamSink;
 pub use self::run::Relay;
-pub use self::sink::Sink;
+pub use self::sink::{Sink, Unavailable};

@@ -4,8 +4,9 @@ use std::fmt;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 
-use super::sink::Sink;
+use super::sink::{Sink, Unavailable};
 use crate::error::BoxError;
 use crate::model::message::Message;
 
@@ -44,8 +45,22 @@ impl Sink for JetStreamSink {
                 headers,
                 message.payload.clone().into(),
             )
-            .await?;
-        ack.await?;
+            .await
+            .map_err(classify)?;
+        ack.await.map_err(classify)?;
         Ok(())
+    }
+}
+
+/// The server not answering, the connection broken, the stream full of unacked messages: an
+/// outage, which the relay waits out without counting attempts. No stream for the subject, a
+/// payload over the server's limit, anything else: a failure of this message, retried and, if
+/// it persists, dead-lettered (and retried from there once the stream is fixed).
+fn classify(error: PublishError) -> BoxError {
+    match error.kind() {
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::MaxAckPending => Box::new(Unavailable::new(error)),
+        _ => Box::new(error),
     }
 }

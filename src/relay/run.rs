@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::config::RelayConfig;
 use super::counters::{Counters, RelayStats};
-use super::sink::Sink;
+use super::sink::{Sink, Unavailable};
 use crate::api::store::Store;
 use crate::engine::{Settlement, request};
 use crate::error::StoreError;
@@ -29,6 +29,22 @@ pub struct Relay {
 struct Failing {
     attempts: u32,
     retry_at: Instant,
+}
+
+/// The sink's outage: how many attempts in a row found it [`Unavailable`], and when to try
+/// again. Nothing is delivered before then, on any subject.
+#[derive(Debug, Default)]
+struct Outage {
+    attempts: u32,
+    retry_at: Option<Instant>,
+}
+
+/// Why an attempt failed.
+enum Failure {
+    /// This message's attempt failed (an error, a panic, a timeout): counted.
+    Message(String),
+    /// The sink said it is down: not counted against the message.
+    Unavailable(String),
 }
 
 impl Relay {
@@ -86,6 +102,7 @@ async fn run<S: Sink>(
     // Seqs settled but possibly still in the published snapshot (until the writer's epoch
     // is published): never delivered twice because of that lag.
     let mut settled: HashSet<u64> = HashSet::new();
+    let mut outage = Outage::default();
     let mut store_backoff = config.first_backoff;
     while !*stopped.borrow() {
         Counters::add(&counters.passes, 1);
@@ -114,7 +131,15 @@ async fn run<S: Sink>(
         let in_snapshot: HashSet<u64> = pending.iter().map(|m| m.seq).collect();
         settled.retain(|seq| in_snapshot.contains(seq));
         let full = pending.len() >= config.batch;
-        let pass = deliver_pass(&pending, &settled, &mut failing, &sink, &config, &counters).await;
+        let pass = deliver_pass(
+            &pending,
+            &settled,
+            (&mut failing, &mut outage),
+            &sink,
+            &config,
+            &counters,
+        )
+        .await;
         let wake = pass.next_retry;
         let progressed = !pass.settlement.delivered.is_empty() || !pass.settlement.dead.is_empty();
         if progressed {
@@ -159,11 +184,12 @@ struct Pass {
 }
 
 /// Delivers the batch in commit order, skipping subjects that have a message waiting for a
-/// retry, so that no message overtakes an earlier one of its subject.
+/// retry, so that no message overtakes an earlier one of its subject. While the sink is
+/// unavailable, delivers nothing.
 async fn deliver_pass<S: Sink>(
     pending: &[Message],
     settled: &HashSet<u64>,
-    failing: &mut HashMap<u64, Failing>,
+    (failing, outage): (&mut HashMap<u64, Failing>, &mut Outage),
     sink: &Arc<S>,
     config: &RelayConfig,
     counters: &Counters,
@@ -172,6 +198,12 @@ async fn deliver_pass<S: Sink>(
         settlement: Settlement::default(),
         next_retry: None,
     };
+    if let Some(at) = outage.retry_at
+        && at > Instant::now()
+    {
+        pass.next_retry = Some(at);
+        return pass;
+    }
     let mut blocked: HashSet<&str> = HashSet::new();
     for message in pending {
         if settled.contains(&message.seq) || blocked.contains(message.subject.as_str()) {
@@ -184,14 +216,32 @@ async fn deliver_pass<S: Sink>(
             pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
             continue;
         }
-        let error = match attempt(sink, message, config.attempt_timeout).await {
+        let failure = match attempt(sink, message, config.attempt_timeout).await {
             Ok(()) => {
+                *outage = Outage::default();
                 failing.remove(&message.seq);
                 pass.settlement.delivered.push(message.seq);
                 Counters::add(&counters.delivered, 1);
                 continue;
             }
-            Err(error) => error,
+            Err(failure) => failure,
+        };
+        let error = match failure {
+            Failure::Message(error) => error,
+            Failure::Unavailable(error) => {
+                // Not this message's fault, and nothing else would get through: stop the
+                // pass, count no attempt, and wait for the sink.
+                counters.error(format!("delivering {}: {error}", message.id));
+                Counters::add(&counters.unavailable, 1);
+                outage.attempts += 1;
+                let at = Instant::now() + config.backoff_after(outage.attempts);
+                outage.retry_at = Some(at);
+                pass.next_retry = Some(pass.next_retry.map_or(at, |t| t.min(at)));
+                if outage.attempts == 1 {
+                    tracing::warn!(%error, "outbox relay: the sink is unavailable; delivery paused");
+                }
+                return pass;
+            }
         };
         counters.error(format!(
             "delivering {} to {}: {error}",
@@ -228,16 +278,24 @@ async fn attempt<S: Sink>(
     sink: &Arc<S>,
     message: &Message,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), Failure> {
     let (sink, owned) = (sink.clone(), message.clone());
-    let task = tokio::spawn(async move { sink.deliver(&owned).await.map_err(|e| e.to_string()) });
+    let task = tokio::spawn(async move {
+        sink.deliver(&owned).await.map_err(|e| {
+            if e.downcast_ref::<Unavailable>().is_some() {
+                Failure::Unavailable(e.to_string())
+            } else {
+                Failure::Message(e.to_string())
+            }
+        })
+    });
     let abort = task.abort_handle();
     match tokio::time::timeout(timeout, task).await {
         Ok(Ok(result)) => result,
-        Ok(Err(join)) => Err(format!("the sink panicked: {join}")),
+        Ok(Err(join)) => Err(Failure::Message(format!("the sink panicked: {join}"))),
         Err(_) => {
             abort.abort();
-            Err(format!("no answer within {timeout:?}"))
+            Err(Failure::Message(format!("no answer within {timeout:?}")))
         }
     }
 }
