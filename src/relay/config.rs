@@ -9,6 +9,11 @@ pub struct RelayConfig {
     /// Messages read from the outbox per pass. Default 256.
     pub batch: usize,
     /// Failed attempts after which a message moves to the dead letters. Default 10.
+    ///
+    /// Attempts are counted in the relay's memory only: a restarted relay (or, over
+    /// PostgreSQL, the relay that takes over from another) counts a message's attempts from
+    /// zero again, so a poison message may be tried up to `max_attempts` more times per
+    /// restart before it is dead-lettered.
     pub max_attempts: u32,
     /// The wait after a message's first failure; it doubles (with jitter) up to `max_backoff`.
     /// Default 100 ms.

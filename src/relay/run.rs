@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use super::config::RelayConfig;
 use super::counters::{Counters, RelayStats};
 use super::sink::Sink;
-use crate::api::store::Store;
-use crate::engine::{Settlement, request};
+use super::source::OutboxSource;
+use super::source::sealed::Turn;
 use crate::error::StoreError;
 use crate::model::message::{DeadLetter, Message};
 
@@ -32,12 +32,16 @@ struct Failing {
 }
 
 impl Relay {
-    /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox to `sink`
-    /// until stopped.
+    /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox (a local
+    /// [`Store`](crate::Store) or a [`PgStore`](crate::PgStore)) to `sink` until stopped.
+    ///
+    /// Over PostgreSQL, every instance may start a relay: one at a time delivers (it holds
+    /// the prefix's advisory lock on a connection of its own), the others poll every
+    /// [`RelayConfig::idle_poll`] and take over when its connection goes.
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn start<S: Sink>(store: &Store, sink: S, config: RelayConfig) -> Relay {
+    pub fn start<B: OutboxSource, S: Sink>(store: &B, sink: S, config: RelayConfig) -> Relay {
         let counters = Arc::new(Counters::default());
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(
@@ -75,8 +79,8 @@ impl Drop for Relay {
     }
 }
 
-async fn run<S: Sink>(
-    store: Store,
+async fn run<B: OutboxSource, S: Sink>(
+    store: B,
     sink: Arc<S>,
     config: RelayConfig,
     counters: Arc<Counters>,
@@ -87,27 +91,42 @@ async fn run<S: Sink>(
     // is published): never delivered twice because of that lag.
     let mut settled: HashSet<u64> = HashSet::new();
     let mut store_backoff = config.first_backoff;
+    // What the backend needs to hold or wait for the turn (over PostgreSQL, a connection).
+    let mut handle: Option<B::Handle> = None;
     while !*stopped.borrow() {
-        Counters::add(&counters.passes, 1);
-        let read = {
-            let store = store.clone();
-            tokio::task::spawn_blocking(move || store.engine().pending_messages(None, config.batch))
-                .await
-        };
-        let pending = match read {
-            Ok(Ok(pending)) => {
+        match store.take_turn(&mut handle).await {
+            Ok(Turn::Ours) => {}
+            Ok(Turn::Theirs) => {
+                // Another relay delivers: what this one knew of attempts is stale.
+                failing.clear();
+                settled.clear();
                 store_backoff = config.first_backoff;
-                pending
+                pause(&mut stopped, config.idle_poll.max(Duration::from_millis(1))).await;
+                continue;
             }
-            Ok(Err(e)) => {
-                store_failed(&counters, &e, "reading the outbox");
+            Err(e) => {
+                store_failed(&counters, &e, "taking the turn to deliver");
+                handle = None;
                 pause(&mut stopped, store_backoff).await;
                 store_backoff = (store_backoff * 2).min(config.max_backoff);
                 continue;
             }
-            Err(join) => {
-                counters.error(format!("reading the outbox failed to run: {join}"));
-                pause(&mut stopped, config.max_backoff).await;
+        }
+        let Some(held) = handle.as_mut() else {
+            continue;
+        };
+        Counters::add(&counters.passes, 1);
+        let pending = match store.pending(held, config.batch).await {
+            Ok(pending) => {
+                store_backoff = config.first_backoff;
+                pending
+            }
+            Err(e) => {
+                // The turn may be gone with its connection: take it again before going on.
+                store_failed(&counters, &e, "reading the outbox");
+                handle = None;
+                pause(&mut stopped, store_backoff).await;
+                store_backoff = (store_backoff * 2).min(config.max_backoff);
                 continue;
             }
         };
@@ -116,24 +135,20 @@ async fn run<S: Sink>(
         let full = pending.len() >= config.batch;
         let pass = deliver_pass(&pending, &settled, &mut failing, &sink, &config, &counters).await;
         let wake = pass.next_retry;
-        let progressed = !pass.settlement.delivered.is_empty() || !pass.settlement.dead.is_empty();
+        let progressed = !pass.delivered.is_empty() || !pass.dead.is_empty();
         if progressed {
             let seqs: Vec<u64> = pass
-                .settlement
                 .delivered
                 .iter()
                 .copied()
-                .chain(pass.settlement.dead.iter().map(|d| d.message.seq))
+                .chain(pass.dead.iter().map(|d| d.message.seq))
                 .collect();
-            match store
-                .engine()
-                .run_async(request::settle(pass.settlement))
-                .await
-            {
-                Ok(Ok(())) => settled.extend(seqs),
-                Ok(Err(e)) | Err(e) => {
+            match store.settle(held, pass.delivered, pass.dead).await {
+                Ok(()) => settled.extend(seqs),
+                Err(e) => {
                     // Delivered but still in the outbox: delivered again later, same ids.
                     store_failed(&counters, &e, "settling delivered messages");
+                    handle = None;
                     pause(&mut stopped, store_backoff).await;
                     continue;
                 }
@@ -149,11 +164,17 @@ async fn run<S: Sink>(
         });
         pause(&mut stopped, sleep.max(Duration::from_millis(1))).await;
     }
+    if let Some(held) = handle {
+        store.end_turn(held).await;
+    }
 }
 
 /// What one pass over a batch did.
 struct Pass {
-    settlement: Settlement,
+    /// Seqs the sink accepted.
+    delivered: Vec<u64>,
+    /// Messages given up on.
+    dead: Vec<DeadLetter>,
     /// The earliest retry due among messages that failed.
     next_retry: Option<Instant>,
 }
@@ -169,7 +190,8 @@ async fn deliver_pass<S: Sink>(
     counters: &Counters,
 ) -> Pass {
     let mut pass = Pass {
-        settlement: Settlement::default(),
+        delivered: Vec::new(),
+        dead: Vec::new(),
         next_retry: None,
     };
     let mut blocked: HashSet<&str> = HashSet::new();
@@ -187,7 +209,7 @@ async fn deliver_pass<S: Sink>(
         let error = match attempt(sink, message, config.attempt_timeout).await {
             Ok(()) => {
                 failing.remove(&message.seq);
-                pass.settlement.delivered.push(message.seq);
+                pass.delivered.push(message.seq);
                 Counters::add(&counters.delivered, 1);
                 continue;
             }
@@ -204,7 +226,7 @@ async fn deliver_pass<S: Sink>(
         f.attempts += 1;
         if f.attempts >= config.max_attempts {
             tracing::warn!(id = %message.id, subject = %message.subject, attempts = f.attempts, %error, "outbox message moved to the dead letters");
-            pass.settlement.dead.push(DeadLetter {
+            pass.dead.push(DeadLetter {
                 message: message.clone(),
                 attempts: f.attempts,
                 last_error: error,
