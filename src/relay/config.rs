@@ -23,6 +23,10 @@ pub struct RelayConfig {
     /// How long one delivery may take before it counts as failed. Default 10 s.
     pub attempt_timeout: Duration,
     /// How long the relay sleeps when the outbox is empty before looking again. Default 10 ms.
+    ///
+    /// Over PostgreSQL it is also how often a relay that does not hold the outbox's lock
+    /// tries to take it (one `pg_try_advisory_lock` on its own connection, which never
+    /// waits): the longest a take-over waits after the holder's connection goes.
     pub idle_poll: Duration,
 }
 
