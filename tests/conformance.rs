@@ -20,3 +20,25 @@ mod redb {
 mod postgres {
     idemstore::conformance_suite!(idemstore::testing::conformance::Postgres::new());
 }
+
+/// The outbox's conformance suite (`idemstore::testing::outbox_conformance`) on the same
+/// backends: messages commit with the claim or not at all, stable ids, the relay's order and
+/// at-least-once delivery through a faulty sink, dead letters, and a reopen.
+mod outbox {
+    mod wal {
+        idemstore::outbox_conformance_suite!(idemstore::testing::conformance::Local::new(
+            idemstore::Durability::Wal
+        ));
+    }
+
+    mod redb {
+        idemstore::outbox_conformance_suite!(idemstore::testing::conformance::Local::new(
+            idemstore::Durability::Redb
+        ));
+    }
+
+    #[cfg(feature = "postgres")]
+    mod postgres {
+        idemstore::outbox_conformance_suite!(idemstore::testing::conformance::Postgres::new());
+    }
+}

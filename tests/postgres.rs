@@ -1,6 +1,7 @@
 //! What the PostgreSQL backend does beyond the conformance suite: its schema and prefix,
-//! business SQL in the claim's transaction, and failures (timeouts, lost connections, a
-//! failed commit). Needs the database at `IDEMSTORE_PG_URL`; fails, never skips, without it.
+//! business SQL in the claim's transaction, failures (timeouts, lost connections, a
+//! failed commit), and outbox relays of several instances sharing one database. Needs the
+//! database at `IDEMSTORE_PG_URL`; fails, never skips, without it.
 
 use std::time::Duration;
 
@@ -127,7 +128,7 @@ async fn the_migration_is_versioned_and_opening_again_changes_nothing() -> TestR
     .iter()
     .map(|r| r.try_get(0))
     .collect::<Result<_, _>>()?;
-    assert_eq!(versions, [1]);
+    assert_eq!(versions, [1, 2]);
     let claim = claimed(store.begin(&scope("k1"), fp("r")).await?)?;
     claim.complete(Response::new(201, "kept")).await?;
     let again = prefix.open(&clock).await?;
@@ -459,5 +460,192 @@ async fn only_a_waited_for_completion_notifies_and_its_waiter_gets_the_response(
         "the first notification is the waited key's"
     );
     assert!(listener.next_buffered().is_none(), "one notification");
+    Ok(())
+}
+
+/// A sink shared by several relays: every message any of them delivered, with which relay
+/// delivered it, in the order they arrived; each delivery takes a few milliseconds, so that
+/// a stop lands in the middle of the work.
+struct Counting {
+    relay: &'static str,
+    arrived: std::sync::Arc<parking_lot::Mutex<Vec<(String, &'static str)>>>,
+}
+
+impl idemstore::relay::Sink for Counting {
+    async fn deliver(&self, message: &idemstore::Message) -> Result<(), BoxError> {
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        self.arrived.lock().push((message.id.clone(), self.relay));
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_relays_on_one_prefix_deliver_each_message_once_in_order_and_hand_over() -> TestResult {
+    use idemstore::relay::{Relay, RelayConfig};
+
+    let prefix = Prefix::new("relays");
+    let clock = clock();
+    let (a, b) = (prefix.open(&clock).await?, prefix.open(&clock).await?);
+    let mut committed = Vec::new();
+    for i in 0..60 {
+        let claim = claimed(a.begin(&scope(&format!("k{i}")), fp("r")).await?)?;
+        let mut tx = claim.transaction().await?;
+        committed.push(tx.publish("orders.placed", vec![i as u8])?);
+        tx.commit(Response::new(201, "ok")).await?;
+    }
+    assert_eq!(a.stats().await?.outbox_pending, 60);
+
+    let arrived = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    // Small batches, so that a stop waits for a few deliveries only.
+    let config = RelayConfig::default()
+        .batch(4)
+        .idle_poll(Duration::from_millis(5));
+    let sink = |relay| Counting {
+        relay,
+        arrived: arrived.clone(),
+    };
+    let relay_a = Relay::start(&a, sink("a"), config);
+    let relay_b = Relay::start(&b, sink("b"), config);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while arrived.lock().len() < 16 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no relay delivered 16 messages in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (stats_a, stats_b) = (relay_a.stats(), relay_b.stats());
+    assert!(
+        (stats_a.delivered == 0) != (stats_b.delivered == 0),
+        "exactly one relay delivers at a time: a {stats_a:?}, b {stats_b:?}"
+    );
+    let (holder, waiting, holder_name) = if stats_a.delivered > 0 {
+        (relay_a, relay_b, "a")
+    } else {
+        (relay_b, relay_a, "b")
+    };
+    // The holder stops after its current pass, settles and closes its connection: the lock
+    // goes with it, and the other relay takes over at its next poll.
+    holder.stop().await;
+    while a.stats().await?.outbox_pending > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the waiting relay did not take over within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let taken_over = waiting.stats();
+    waiting.stop().await;
+
+    let arrived = arrived.lock().clone();
+    let ids: Vec<String> = arrived.iter().map(|(id, _)| id.clone()).collect();
+    let by_holder = arrived.iter().filter(|(_, r)| *r == holder_name).count();
+    assert!(
+        by_holder < 60,
+        "the holder had not delivered everything when stopped"
+    );
+    assert_eq!(ids, committed, "each message once, in commit order");
+    assert!(
+        arrived[..by_holder].iter().all(|(_, r)| *r == holder_name)
+            && arrived[by_holder..].iter().all(|(_, r)| *r != holder_name),
+        "the holder's messages, then the other's"
+    );
+    assert_eq!(
+        taken_over.delivered,
+        (60 - by_holder) as u64,
+        "{taken_over:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -> TestResult {
+    use idemstore::relay::{Relay, RelayConfig};
+
+    let prefix = Prefix::new("relaykill");
+    let clock = clock();
+    let store = prefix.open(&clock).await?;
+    let mut committed = Vec::new();
+    let commit = |i: u8| {
+        let store = store.clone();
+        async move {
+            let claim = claimed(store.begin(&scope(&format!("k{i}")), fp("r")).await?)?;
+            let mut tx = claim.transaction().await?;
+            let id = tx.publish("orders.placed", vec![i])?;
+            tx.commit(Response::new(201, "ok")).await?;
+            Ok::<_, BoxError>(id)
+        }
+    };
+    for i in 0..5 {
+        committed.push(commit(i).await?);
+    }
+    let arrived = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let relay = Relay::start(
+        &store,
+        Counting {
+            relay: "only",
+            arrived: arrived.clone(),
+        },
+        RelayConfig::default().idle_poll(Duration::from_millis(5)),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while store.stats().await?.outbox_pending > 0 {
+        assert!(std::time::Instant::now() < deadline, "nothing delivered");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
+    // The session holding this prefix's relay lock (the two-key form: "idem", hash of the
+    // outbox table's name) is the relay's own connection: kill it.
+    let admin = sqlx::PgPool::connect(&prefix.url).await?;
+    let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                  AND objsubid = 2 AND classid = 1768187245::oid \
+                  AND objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296";
+    let pid: i32 = sqlx::query_scalar(holder)
+        .bind(prefix.table("outbox"))
+        .fetch_one(&admin)
+        .await?;
+    let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&admin)
+        .await?;
+    assert!(killed);
+    for i in 5..10 {
+        committed.push(commit(i).await?);
+    }
+    while store.stats().await?.outbox_pending > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay did not come back after its connection was killed"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let stats = relay.stats();
+    relay.stop().await;
+    // A stopped relay closes its connection, and the server frees the lock as the session
+    // ends (a moment after the close).
+    loop {
+        let again: Option<i32> = sqlx::query_scalar(holder)
+            .bind(prefix.table("outbox"))
+            .fetch_optional(&admin)
+            .await?;
+        if again.is_none() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a stopped relay still holds the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let ids: Vec<String> = arrived.lock().iter().map(|(id, _)| id.clone()).collect();
+    assert_eq!(ids, committed, "each once, in order, across the reconnect");
+    assert!(
+        stats
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("reading the outbox")),
+        "{stats:?}"
+    );
+    admin.close().await;
     Ok(())
 }

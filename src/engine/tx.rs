@@ -13,9 +13,7 @@ use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
 use crate::error::TxError;
 use crate::model::limits::MAX_REQUEST_BYTES;
-use crate::model::message::{
-    MAX_MESSAGES_PER_COMMIT, MAX_PAYLOAD_BYTES, MessageError, check_subject,
-};
+use crate::model::message::{MessageError, Published};
 
 use super::open_tables::OpenTables;
 use super::registry::{RawEntries, Registry, TableId};
@@ -72,7 +70,7 @@ pub struct Tx<'g> {
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
     pub(crate) id_prefix: Option<String>,
-    pub(crate) messages: Vec<(String, String, Vec<u8>)>,
+    pub(crate) messages: Published,
 }
 
 impl fmt::Debug for Tx<'_> {
@@ -118,19 +116,7 @@ impl<'g> Tx<'g> {
         let Some(prefix) = &self.outbox.id_prefix else {
             return Err(MessageError::NotInCommit);
         };
-        check_subject(subject)?;
-        let payload = payload.into();
-        if payload.len() > MAX_PAYLOAD_BYTES {
-            return Err(MessageError::PayloadTooLarge { len: payload.len() });
-        }
-        if self.outbox.messages.len() >= MAX_MESSAGES_PER_COMMIT {
-            return Err(MessageError::TooMany);
-        }
-        let id = format!("{prefix}-{}", self.outbox.messages.len());
-        self.outbox
-            .messages
-            .push((id.clone(), subject.to_owned(), payload));
-        Ok(id)
+        self.outbox.messages.add(prefix, subject, payload.into())
     }
 
     /// Lets the request publish, its messages' ids starting with `id_prefix`.
@@ -140,7 +126,7 @@ impl<'g> Tx<'g> {
 
     /// The messages published, to record once the request has succeeded.
     pub(crate) fn take_published(&mut self) -> Vec<(String, String, Vec<u8>)> {
-        std::mem::take(&mut self.outbox.messages)
+        self.outbox.messages.take()
     }
 
     /// Reads one key.

@@ -99,6 +99,43 @@ pub(crate) fn check_subject(subject: &str) -> Result<(), MessageError> {
     Ok(())
 }
 
+/// The messages one commit publishes, checked and numbered as they come: the one place both
+/// backends (the local `Tx` and PostgreSQL's `PgTx`) validate and name a message, so that
+/// the same call is refused, or gets the same id, on either.
+#[derive(Debug, Default)]
+pub(crate) struct Published {
+    /// `(id, subject, payload)` in publishing order.
+    messages: Vec<(String, String, Vec<u8>)>,
+}
+
+impl Published {
+    /// Checks a message and adds it; its id is `id_prefix` (the claim's downstream key), a
+    /// dash, and its index in this commit.
+    pub(crate) fn add(
+        &mut self,
+        id_prefix: &str,
+        subject: &str,
+        payload: Vec<u8>,
+    ) -> Result<String, MessageError> {
+        check_subject(subject)?;
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            return Err(MessageError::PayloadTooLarge { len: payload.len() });
+        }
+        if self.messages.len() >= MAX_MESSAGES_PER_COMMIT {
+            return Err(MessageError::TooMany);
+        }
+        let id = format!("{id_prefix}-{}", self.messages.len());
+        self.messages
+            .push((id.clone(), subject.to_owned(), payload));
+        Ok(id)
+    }
+
+    /// The messages added, leaving none.
+    pub(crate) fn take(&mut self) -> Vec<(String, String, Vec<u8>)> {
+        std::mem::take(&mut self.messages)
+    }
+}
+
 /// What the outbox table stores for a message (its seq is the key).
 #[derive(Serialize, Deserialize)]
 struct Stored<'a> {

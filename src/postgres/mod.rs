@@ -13,6 +13,7 @@
 //! - `claim`: the fenced operations of a holder; `tx`: the transaction it hands out;
 //! - `record`, `codec`: rows back into records and responses;
 //! - `listen`: `LISTEN`/`NOTIFY` wake-ups; `sweep`: background eviction;
+//! - `outbox`: published messages, the relay's lock and reads, the dead letters;
 //! - `driver`: what the driver's errors mean, and the time limit on every call.
 
 mod claim;
@@ -20,6 +21,7 @@ mod codec;
 mod config;
 mod driver;
 mod listen;
+mod outbox;
 mod protocol;
 mod record;
 mod schema;
@@ -32,6 +34,8 @@ pub use claim::PgClaim;
 pub use config::PgBuilder;
 pub use store::PgStore;
 pub use tx::PgTx;
+
+pub(crate) use outbox::Delivery;
 
 #[cfg(feature = "testing")]
 pub(crate) use schema::Names;

@@ -9,7 +9,8 @@ use sqlx::{AssertSqlSafe, PgPool, Row};
 
 use crate::error::PgOpenError;
 
-/// The longest prefix: the longest name built from it (`<prefix>schema_version`) stays within
+/// The longest prefix: the longest names built from it (`<prefix>schema_version`, and the
+/// outbox's identity sequence `<prefix>outbox_seq_seq`, 14 bytes each) stay within
 /// PostgreSQL's 63 bytes.
 const MAX_PREFIX_LEN: usize = 40;
 
@@ -31,6 +32,10 @@ pub(crate) struct Names {
     pub(crate) versions: String,
     /// The `NOTIFY` channel a completion or release is announced on.
     pub(crate) channel: String,
+    /// Committed messages not yet delivered (schema version 2).
+    pub(crate) outbox: String,
+    /// Messages the relay gave up on (schema version 2).
+    pub(crate) dead_letters: String,
     prefix: String,
 }
 
@@ -53,6 +58,8 @@ impl Names {
             fences: format!("{prefix}fences"),
             versions: format!("{prefix}schema_version"),
             channel: format!("{prefix}done"),
+            outbox: format!("{prefix}outbox"),
+            dead_letters: format!("{prefix}dead_letters"),
             prefix: prefix.to_owned(),
         })
     }
@@ -61,9 +68,11 @@ impl Names {
     /// a released one: add the next.
     fn migrations(&self) -> Vec<Vec<String>> {
         let (r, p) = (&self.records, &self.prefix);
-        vec![vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {r} (
+        let (outbox, dead) = (&self.outbox, &self.dead_letters);
+        vec![
+            vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {r} (
                     tenant text NOT NULL,
                     operation text NOT NULL,
                     key text NOT NULL,
@@ -83,26 +92,55 @@ impl Names {
                     body bytea,
                     PRIMARY KEY (tenant, operation, key)
                 )"
-            ),
-            format!("CREATE SEQUENCE IF NOT EXISTS {}", self.fences),
-            // The indexes eviction and the abandoned-work listing walk, oldest first; each
-            // holds only the records of its state.
-            format!(
-                "CREATE INDEX IF NOT EXISTS {p}expiry ON {r} (expires_ms) WHERE state = {COMPLETED}"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {p}tombstones ON {r} (expires_ms) WHERE state = {TOMBSTONE}"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {p}leases ON {r} (lease_until_ms) WHERE state = {IN_PROGRESS}"
-            ),
-        ]]
+                ),
+                format!("CREATE SEQUENCE IF NOT EXISTS {}", self.fences),
+                // The indexes eviction and the abandoned-work listing walk, oldest first; each
+                // holds only the records of its state.
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {p}expiry ON {r} (expires_ms) WHERE state = {COMPLETED}"
+                ),
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {p}tombstones ON {r} (expires_ms) WHERE state = {TOMBSTONE}"
+                ),
+                format!(
+                    "CREATE INDEX IF NOT EXISTS {p}leases ON {r} (lease_until_ms) WHERE state = {IN_PROGRESS}"
+                ),
+            ],
+            // 2: the outbox. `seq` comes from the identity's sequence when the row is inserted,
+            // not when it commits: see `PgStore`'s docs for what that means for order. Messages
+            // keep their seq when they move to the dead letters, and get a new one when retried.
+            vec![
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {outbox} (
+                    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                    id text NOT NULL,
+                    subject text NOT NULL,
+                    payload bytea NOT NULL,
+                    committed_ms bigint NOT NULL
+                )"
+                ),
+                format!(
+                    "CREATE TABLE IF NOT EXISTS {dead} (
+                    seq bigint PRIMARY KEY,
+                    id text NOT NULL,
+                    subject text NOT NULL,
+                    payload bytea NOT NULL,
+                    committed_ms bigint NOT NULL,
+                    attempts integer NOT NULL,
+                    last_error text NOT NULL,
+                    dead_ms bigint NOT NULL
+                )"
+                ),
+            ],
+        ]
     }
 
     /// The objects `migrate` creates, for dropping them (tests).
     #[cfg(feature = "testing")]
     pub(crate) fn drop_statements(&self) -> Vec<String> {
         vec![
+            format!("DROP TABLE IF EXISTS {}", self.outbox),
+            format!("DROP TABLE IF EXISTS {}", self.dead_letters),
             format!("DROP TABLE IF EXISTS {}", self.records),
             format!("DROP SEQUENCE IF EXISTS {}", self.fences),
             format!("DROP TABLE IF EXISTS {}", self.versions),

@@ -46,11 +46,29 @@ pub(crate) struct Sql {
     pub(crate) abandoned: Arc<str>,
     /// `$1` now.
     pub(crate) stats: Arc<str>,
+    /// A commit's messages, in publishing order: `$1` ids, `$2` subjects, `$3` payloads (three
+    /// arrays of one length), `$4` now.
+    pub(crate) publish: Arc<str>,
+    /// The first `$1` pending messages by seq.
+    pub(crate) pending: Arc<str>,
+    /// Delivered messages leave: `$1` their seqs.
+    pub(crate) delivered: Arc<str>,
+    /// Given-up messages move to the dead letters: `$1` seqs, `$2` attempts, `$3` last
+    /// errors (three arrays of one length), `$4` now.
+    pub(crate) bury: Arc<str>,
+    /// The first `$1` dead letters by seq.
+    pub(crate) dead_letters: Arc<str>,
+    /// The dead letter `$1` back to the outbox, under a new seq.
+    pub(crate) retry_dead: Arc<str>,
+    /// Deletes the dead letter `$1`.
+    pub(crate) drop_dead: Arc<str>,
 }
 
 impl Sql {
     pub(crate) fn new(names: &Names) -> Self {
         let (r, fences, channel) = (&names.records, &names.fences, &names.channel);
+        let (outbox, dead) = (&names.outbox, &names.dead_letters);
+        let message = "seq, id, subject, payload, committed_ms";
         let pk = "r.tenant = $1 AND r.operation = $2 AND r.key = $3";
         Sql {
             // One statement decides and writes. A conflict updates only when the scope may
@@ -199,11 +217,54 @@ impl Sql {
                         count(*) FILTER (WHERE state = {TOMBSTONE}) AS tombstones,
                         (SELECT created_ms FROM {r} WHERE state = {IN_PROGRESS}
                          ORDER BY lease_until_ms LIMIT 1) AS first_in_progress,
+                        (SELECT count(*) FROM {outbox}) AS outbox_pending,
+                        (SELECT min(committed_ms) FROM {outbox}) AS first_pending,
+                        (SELECT count(*) FROM {dead}) AS dead_letters,
                         {now1} AS now
                  FROM {r}",
                 now1 = now(1)
             )
             .into(),
+            // Ordinality keeps the arrays' order, so seqs follow the publishing order.
+            publish: format!(
+                "INSERT INTO {outbox} (id, subject, payload, committed_ms)
+                 SELECT m.id, m.subject, m.payload, t.now
+                 FROM unnest($1::text[], $2::text[], $3::bytea[])
+                          WITH ORDINALITY AS m(id, subject, payload, n),
+                      (SELECT {now4} AS now) AS t
+                 ORDER BY m.n",
+                now4 = now(4)
+            )
+            .into(),
+            pending: format!("SELECT {message} FROM {outbox} ORDER BY seq LIMIT $1").into(),
+            delivered: format!("DELETE FROM {outbox} WHERE seq = ANY($1::bigint[])").into(),
+            // A seq no longer in the outbox (settled before) moves nothing.
+            bury: format!(
+                "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[])
+                                AS d(seq, attempts, last_error)),
+                 gone AS (DELETE FROM {outbox} AS o USING d WHERE o.seq = d.seq
+                          RETURNING o.seq, o.id, o.subject, o.payload, o.committed_ms)
+                 INSERT INTO {dead} (seq, id, subject, payload, committed_ms, attempts,
+                                     last_error, dead_ms)
+                 SELECT g.seq, g.id, g.subject, g.payload, g.committed_ms, d.attempts,
+                        d.last_error, {now4}
+                 FROM gone AS g JOIN d ON d.seq = g.seq",
+                now4 = now(4)
+            )
+            .into(),
+            dead_letters: format!(
+                "SELECT {message}, attempts, last_error, dead_ms FROM {dead} ORDER BY seq LIMIT $1"
+            )
+            .into(),
+            retry_dead: format!(
+                "WITH gone AS (DELETE FROM {dead} WHERE seq = $1
+                               RETURNING id, subject, payload, committed_ms)
+                 INSERT INTO {outbox} (id, subject, payload, committed_ms)
+                 SELECT id, subject, payload, committed_ms FROM gone
+                 RETURNING {message}"
+            )
+            .into(),
+            drop_dead: format!("DELETE FROM {dead} WHERE seq = $1 RETURNING seq").into(),
         }
     }
 }

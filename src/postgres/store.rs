@@ -110,8 +110,39 @@ const RACES: usize = 8;
 /// [prefix](PgBuilder::prefix)): `<prefix>records` (primary key `(tenant, operation, key)`;
 /// fingerprint, state, fence, first fence, attempt, creation, lease end, expiry, checkpoint,
 /// completion time, and the response's status, headers and body), `<prefix>fences` (the
-/// sequence), `<prefix>schema_version`, and the indexes above. Times are `bigint`
-/// milliseconds since the Unix epoch.
+/// sequence), `<prefix>schema_version`, the indexes above, and (schema version 2)
+/// `<prefix>outbox` (`seq` identity, id, subject, payload, commit time) and
+/// `<prefix>dead_letters` (the same, plus attempts, last error and when it was given up).
+/// Times are `bigint` milliseconds since the Unix epoch, from the database's clock.
+///
+/// # The outbox
+///
+/// [`PgTx::publish`](crate::PgTx::publish) records messages in `<prefix>outbox` in the
+/// claim's transaction (they commit with the business rows and the completed record, or not
+/// at all); a [`Relay`](crate::relay::Relay) started on the store delivers them at least
+/// once; [`dead_letters`](PgStore::dead_letters), [`retry_dead_letter`](PgStore::retry_dead_letter)
+/// and [`drop_dead_letter`](PgStore::drop_dead_letter) work on `<prefix>dead_letters` as
+/// the local store's do; [`Stats`] counts both tables and the oldest message's age.
+///
+/// **Only one relay delivers at a time**, however many instances start one: the holder of a
+/// session-level advisory lock on a connection of its own (outside the pool). The others
+/// poll; when the holder stops, crashes or loses its connection, PostgreSQL releases the lock
+/// and the next poll takes over. The holder reads and settles on that connection, so a
+/// broken connection stops it at its next pass; the pass in flight when its connection
+/// broke may still be handing messages to the sink while the new holder starts, so around a
+/// take-over a message may be delivered twice and, for that moment, out of order.
+///
+/// **What is ordered.** A message's seq comes from a sequence when its commit inserts it,
+/// not when it commits, and the relay delivers committed messages by seq. So, per subject,
+/// the messages of two transactions that do not overlap in time (one committed before the
+/// other began) are delivered in commit order: the earlier always has the lower seq and is
+/// visible whenever the later one is. Two transactions on the same subject that *overlap*
+/// are delivered in seq order, which may be the opposite of their commit order; and a
+/// transaction that took a low seq and commits late is delivered after higher seqs that
+/// were already delivered. Messages of one commit keep their publishing order. Nothing is
+/// lost by this: delivered messages are deleted by seq, not skipped by a high-water mark, so
+/// a late commit is delivered at the next pass. When order matters between two operations on
+/// one subject, make the second begin after the first has committed.
 ///
 /// Cheap to clone: clones share one pool. Dropping the last clone stops its sweeper.
 #[derive(Clone)]
@@ -403,6 +434,7 @@ impl PgStore {
             Ok(u64::try_from(n).unwrap_or(0))
         };
         let first: Option<i64> = row.try_get("first_in_progress").map_err(read)?;
+        let first_pending: Option<i64> = row.try_get("first_pending").map_err(read)?;
         let now: i64 = row.try_get("now").map_err(read)?;
         let mut stats = Stats {
             records: count("records")?,
@@ -412,6 +444,10 @@ impl PgStore {
             oldest_in_progress: first
                 .map(|created| timestamp(now).saturating_since(timestamp(created))),
             waiting: self.inner.wakeups.waiting(),
+            outbox_pending: count("outbox_pending")?,
+            oldest_pending_message: first_pending
+                .map(|committed| timestamp(now).saturating_since(timestamp(committed))),
+            dead_letters: count("dead_letters")?,
             ..Stats::default()
         };
         self.inner.counters.fill(&mut stats);

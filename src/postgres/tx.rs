@@ -8,7 +8,9 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::claim::PgClaim;
 use super::driver::{backend, commit_failed};
+use super::outbox::insert_published;
 use crate::error::{CommitError, StoreError};
+use crate::model::message::{MessageError, Published};
 use crate::model::response::Response;
 
 /// A claim's open transaction: run business SQL in it (it derefs to
@@ -19,9 +21,13 @@ use crate::model::response::Response;
 /// durable together, or neither is. If no row was updated (another attempt took the key
 /// over), it rolls everything back and answers [`CommitError::Stale`]. Dropping a `PgTx`
 /// rolls back; [`rollback`](PgTx::rollback) does so and gives the claim back.
+///
+/// [`publish`](PgTx::publish) adds outbox messages to the same commit.
 pub struct PgTx {
     tx: Transaction<'static, Postgres>,
     claim: PgClaim,
+    /// Messages published so far, inserted by `commit` just before the completion.
+    published: Published,
 }
 
 impl fmt::Debug for PgTx {
@@ -47,7 +53,35 @@ impl DerefMut for PgTx {
 
 impl PgTx {
     pub(crate) fn new(tx: Transaction<'static, Postgres>, claim: PgClaim) -> Self {
-        PgTx { tx, claim }
+        PgTx {
+            tx,
+            claim,
+            published: Published::default(),
+        }
+    }
+
+    /// Records a message in `<prefix>outbox`, in this transaction: it commits with the
+    /// business rows and the completed record, or not at all (a rollback, a failed or stale
+    /// commit leaves no message). A relay ([`Relay`](crate::relay::Relay) over this
+    /// [`PgStore`](crate::PgStore)) delivers it after the commit, at least once. Returns its
+    /// stable id, the same on every delivery attempt and the same as the local store would
+    /// give: the claim's `downstream_key()`, a dash, and the message's index in this commit.
+    ///
+    /// The checks are the local [`Tx::publish`](crate::Tx::publish)'s. Messages are kept in
+    /// memory until [`commit`](PgTx::commit), which inserts them all in one statement (one
+    /// round trip however many there are) just before the completion.
+    ///
+    /// # Errors
+    /// [`MessageError`] if the subject or payload is refused, or more than
+    /// [`MAX_MESSAGES_PER_COMMIT`](crate::limits::MAX_MESSAGES_PER_COMMIT) were published;
+    /// the transaction goes on, without that message.
+    pub fn publish(
+        &mut self,
+        subject: &str,
+        payload: impl Into<Vec<u8>>,
+    ) -> Result<String, MessageError> {
+        let prefix = self.claim.downstream();
+        self.published.add(&prefix, subject, payload.into())
     }
 
     /// The connection to run business SQL on: `query.execute(tx.conn())`.
@@ -61,7 +95,7 @@ impl PgTx {
     }
 
     /// Stores `response` as the completed record in this transaction and commits it with
-    /// every business write made in it.
+    /// every business write and every message published in it.
     ///
     /// What is durable when it fails:
     /// - [`CommitError::InvalidResponse`]: nothing (rolled back); the claim comes back.
@@ -80,6 +114,14 @@ impl PgTx {
                 source,
                 claim: Box::new(claim),
             });
+        }
+        let published = self.published.take();
+        if !published.is_empty() {
+            let store = self.claim.store.clone();
+            if let Err(e) = insert_published(&store, &mut self.tx, published).await {
+                let _ = self.rollback().await;
+                return Err(CommitError::Store(e));
+            }
         }
         let completion = self.claim.completion(&response);
         let updated = tokio::time::timeout(limit, completion.fetch_optional(&mut *self.tx)).await;

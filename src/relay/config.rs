@@ -9,6 +9,11 @@ pub struct RelayConfig {
     /// Messages read from the outbox per pass. Default 256.
     pub batch: usize,
     /// Failed attempts after which a message moves to the dead letters. Default 10.
+    ///
+    /// Attempts are counted in the relay's memory only: a restarted relay (or, over
+    /// PostgreSQL, the relay that takes over from another) counts a message's attempts from
+    /// zero again, so a poison message may be tried up to `max_attempts` more times per
+    /// restart before it is dead-lettered.
     pub max_attempts: u32,
     /// The wait after a message's first failure; it doubles (with jitter) up to `max_backoff`.
     /// Default 100 ms.
@@ -18,6 +23,10 @@ pub struct RelayConfig {
     /// How long one delivery may take before it counts as failed. Default 10 s.
     pub attempt_timeout: Duration,
     /// How long the relay sleeps when the outbox is empty before looking again. Default 10 ms.
+    ///
+    /// Over PostgreSQL it is also how often a relay that does not hold the outbox's lock
+    /// tries to take it (one `pg_try_advisory_lock` on its own connection, which never
+    /// waits): the longest a take-over waits after the holder's connection goes.
     pub idle_poll: Duration,
 }
 

@@ -1,8 +1,9 @@
 //! The outbox relay: delivers committed messages to a [`Sink`] (feature `tokio`).
 //!
-//! [`Tx::publish`](crate::Tx::publish) records a message in the commit's own transaction; the
-//! relay, a background task next to the store, reads the outbox in commit order and hands each
-//! message to the sink:
+//! [`Tx::publish`](crate::Tx::publish) (or [`PgTx::publish`](crate::PgTx::publish) over
+//! PostgreSQL) records a message in the commit's own transaction; the relay, a background
+//! task next to the store, reads the outbox in commit order and hands each message to the
+//! sink. It runs over either backend ([`OutboxSource`]):
 //!
 //! - **at least once**: a message leaves the outbox only after the sink accepted it, through a
 //!   writer request; a crash in between delivers it again after the restart, with the same id;
@@ -16,6 +17,13 @@
 //!   broker is down) pauses all delivery with the same backoff, and counts no attempt, so a
 //!   long outage sends nothing to the dead letters.
 //!
+//! Over PostgreSQL, several instances share one outbox. Each may start a relay; one at a time
+//! delivers, holding a session-level advisory lock (keyed by the table prefix) on a
+//! connection of its own, through which it also reads and settles; the others poll every
+//! [`RelayConfig::idle_poll`] and the first to find the lock free takes over when the
+//! holder stops or its connection goes. The order promised there is narrower; see
+//! [`PgStore`](crate::PgStore#the-outbox) for exactly what is and is not ordered.
+//!
 //! With a sink that deduplicates by id ([`JetStreamSink`], which sets `Nats-Msg-Id`), a message
 //! is in the stream **exactly once**. The relay reads published snapshots only, so it never
 //! shortens the writer's epochs: a message is seen at most one epoch (20 ms) after its commit.
@@ -26,6 +34,7 @@ mod counters;
 mod nats;
 mod run;
 mod sink;
+mod source;
 
 pub use self::config::RelayConfig;
 pub use self::counters::RelayStats;
@@ -33,3 +42,4 @@ pub use self::counters::RelayStats;
 pub use self::nats::JetStreamSink;
 pub use self::run::Relay;
 pub use self::sink::{Sink, Unavailable};
+pub use self::source::OutboxSource;

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 use super::config::RelayConfig;
 use super::counters::{Counters, RelayStats};
 use super::sink::{Sink, Unavailable};
-use crate::api::store::Store;
-use crate::engine::{Settlement, request};
+use super::source::OutboxSource;
+use super::source::sealed::Turn;
 use crate::error::StoreError;
 use crate::model::message::{DeadLetter, Message};
 
@@ -48,12 +48,16 @@ enum Failure {
 }
 
 impl Relay {
-    /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox to `sink`
-    /// until stopped.
+    /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox (a local
+    /// [`Store`](crate::Store) or a [`PgStore`](crate::PgStore)) to `sink` until stopped.
+    ///
+    /// Over PostgreSQL, every instance may start a relay: one at a time delivers (it holds
+    /// the prefix's advisory lock on a connection of its own), the others poll every
+    /// [`RelayConfig::idle_poll`] and take over when its connection goes.
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn start<S: Sink>(store: &Store, sink: S, config: RelayConfig) -> Relay {
+    pub fn start<B: OutboxSource, S: Sink>(store: &B, sink: S, config: RelayConfig) -> Relay {
         let counters = Arc::new(Counters::default());
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(
@@ -91,8 +95,8 @@ impl Drop for Relay {
     }
 }
 
-async fn run<S: Sink>(
-    store: Store,
+async fn run<B: OutboxSource, S: Sink>(
+    store: B,
     sink: Arc<S>,
     config: RelayConfig,
     counters: Arc<Counters>,
@@ -104,27 +108,43 @@ async fn run<S: Sink>(
     let mut settled: HashSet<u64> = HashSet::new();
     let mut outage = Outage::default();
     let mut store_backoff = config.first_backoff;
+    // What the backend needs to hold or wait for the turn (over PostgreSQL, a connection).
+    let mut handle: Option<B::Handle> = None;
     while !*stopped.borrow() {
-        Counters::add(&counters.passes, 1);
-        let read = {
-            let store = store.clone();
-            tokio::task::spawn_blocking(move || store.engine().pending_messages(None, config.batch))
-                .await
-        };
-        let pending = match read {
-            Ok(Ok(pending)) => {
+        match store.take_turn(&mut handle).await {
+            Ok(Turn::Ours) => {}
+            Ok(Turn::Theirs) => {
+                // Another relay delivers: what this one knew of attempts is stale.
+                failing.clear();
+                settled.clear();
+                outage = Outage::default();
                 store_backoff = config.first_backoff;
-                pending
+                pause(&mut stopped, config.idle_poll.max(Duration::from_millis(1))).await;
+                continue;
             }
-            Ok(Err(e)) => {
-                store_failed(&counters, &e, "reading the outbox");
+            Err(e) => {
+                store_failed(&counters, &e, "taking the turn to deliver");
+                handle = None;
                 pause(&mut stopped, store_backoff).await;
                 store_backoff = (store_backoff * 2).min(config.max_backoff);
                 continue;
             }
-            Err(join) => {
-                counters.error(format!("reading the outbox failed to run: {join}"));
-                pause(&mut stopped, config.max_backoff).await;
+        }
+        let Some(held) = handle.as_mut() else {
+            continue;
+        };
+        Counters::add(&counters.passes, 1);
+        let pending = match store.pending(held, config.batch).await {
+            Ok(pending) => {
+                store_backoff = config.first_backoff;
+                pending
+            }
+            Err(e) => {
+                // The turn may be gone with its connection: take it again before going on.
+                store_failed(&counters, &e, "reading the outbox");
+                handle = None;
+                pause(&mut stopped, store_backoff).await;
+                store_backoff = (store_backoff * 2).min(config.max_backoff);
                 continue;
             }
         };
@@ -141,24 +161,20 @@ async fn run<S: Sink>(
         )
         .await;
         let wake = pass.next_retry;
-        let progressed = !pass.settlement.delivered.is_empty() || !pass.settlement.dead.is_empty();
+        let progressed = !pass.delivered.is_empty() || !pass.dead.is_empty();
         if progressed {
             let seqs: Vec<u64> = pass
-                .settlement
                 .delivered
                 .iter()
                 .copied()
-                .chain(pass.settlement.dead.iter().map(|d| d.message.seq))
+                .chain(pass.dead.iter().map(|d| d.message.seq))
                 .collect();
-            match store
-                .engine()
-                .run_async(request::settle(pass.settlement))
-                .await
-            {
-                Ok(Ok(())) => settled.extend(seqs),
-                Ok(Err(e)) | Err(e) => {
+            match store.settle(held, pass.delivered, pass.dead).await {
+                Ok(()) => settled.extend(seqs),
+                Err(e) => {
                     // Delivered but still in the outbox: delivered again later, same ids.
                     store_failed(&counters, &e, "settling delivered messages");
+                    handle = None;
                     pause(&mut stopped, store_backoff).await;
                     continue;
                 }
@@ -174,11 +190,17 @@ async fn run<S: Sink>(
         });
         pause(&mut stopped, sleep.max(Duration::from_millis(1))).await;
     }
+    if let Some(held) = handle {
+        store.end_turn(held).await;
+    }
 }
 
 /// What one pass over a batch did.
 struct Pass {
-    settlement: Settlement,
+    /// Seqs the sink accepted.
+    delivered: Vec<u64>,
+    /// Messages given up on.
+    dead: Vec<DeadLetter>,
     /// The earliest retry due among messages that failed.
     next_retry: Option<Instant>,
 }
@@ -195,7 +217,8 @@ async fn deliver_pass<S: Sink>(
     counters: &Counters,
 ) -> Pass {
     let mut pass = Pass {
-        settlement: Settlement::default(),
+        delivered: Vec::new(),
+        dead: Vec::new(),
         next_retry: None,
     };
     if let Some(at) = outage.retry_at
@@ -220,7 +243,7 @@ async fn deliver_pass<S: Sink>(
             Ok(()) => {
                 *outage = Outage::default();
                 failing.remove(&message.seq);
-                pass.settlement.delivered.push(message.seq);
+                pass.delivered.push(message.seq);
                 Counters::add(&counters.delivered, 1);
                 continue;
             }
@@ -254,7 +277,7 @@ async fn deliver_pass<S: Sink>(
         f.attempts += 1;
         if f.attempts >= config.max_attempts {
             tracing::warn!(id = %message.id, subject = %message.subject, attempts = f.attempts, %error, "outbox message moved to the dead letters");
-            pass.settlement.dead.push(DeadLetter {
+            pass.dead.push(DeadLetter {
                 message: message.clone(),
                 attempts: f.attempts,
                 last_error: error,

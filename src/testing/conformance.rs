@@ -106,6 +106,19 @@ impl Local {
     }
 }
 
+impl Local {
+    /// A directory for one more store, under the harness's root.
+    pub(crate) fn fresh_dir(&self) -> PathBuf {
+        let n = self.opened.fetch_add(1, Ordering::Relaxed);
+        self.root.join(format!("store-{n}"))
+    }
+
+    /// The durability mode its stores open with.
+    pub(crate) fn durability(&self) -> Durability {
+        self.durability
+    }
+}
+
 impl Drop for Local {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.root);
@@ -116,7 +129,6 @@ impl Harness for Local {
     type Backend = Store;
 
     async fn open(&self, settings: Settings, clock: ManualClock) -> Result<Store, BoxError> {
-        let n = self.opened.fetch_add(1, Ordering::Relaxed);
         Ok(Store::builder()
             .durability(self.durability)
             .lease(settings.lease)
@@ -124,7 +136,7 @@ impl Harness for Local {
             .tombstone_ttl(settings.tombstone_ttl)
             .clock(clock)
             .sweep(Sweep::Off)
-            .open(self.root.join(format!("store-{n}")))?)
+            .open(self.fresh_dir())?)
     }
 }
 

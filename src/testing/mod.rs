@@ -2,12 +2,15 @@
 //!
 //! [`SimDisk`] runs a store on simulated storage that can crash at any operation; the bodies of
 //! the fuzz targets live here too, so a seeded test runs them on stable. [`conformance`] is the
-//! suite every backend of the claim protocol must pass.
+//! suite every backend of the claim protocol must pass, and [`outbox_conformance`] the one
+//! every backend's outbox and the relay over it must pass.
 
 #[cfg(feature = "tokio")]
 pub mod conformance;
 mod crash;
 mod log_decode;
+#[cfg(feature = "tokio")]
+pub mod outbox_conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod sim_disk;

@@ -9,10 +9,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use super::conformance::{Harness, Settings};
-use crate::error::BoxError;
+use super::outbox_conformance::{Committed, Ending, OutboxHarness};
+use crate::error::{BoxError, CommitError};
 use crate::model::clock::ManualClock;
 use crate::model::config::Sweep;
-use crate::postgres::{Names, PgStore};
+use crate::model::message::{DeadLetter, Message};
+use crate::model::response::Response;
+use crate::postgres::{Names, PgClaim, PgStore};
 
 /// The URL tests connect to: `IDEMSTORE_PG_URL`, else the machine's local PostgreSQL.
 pub fn database_url() -> String {
@@ -154,5 +157,74 @@ impl Harness for Postgres {
             .open()
             .await
             .map_err(|e| unreachable(&self.url, &e))
+    }
+}
+
+impl OutboxHarness for Postgres {
+    type Backend = PgStore;
+    type Place = String;
+
+    fn place(&self) -> String {
+        let prefix = unique_prefix("obx");
+        self.prefixes.lock().push(prefix.clone());
+        prefix
+    }
+
+    async fn open_at(&self, prefix: &String, clock: ManualClock) -> Result<PgStore, BoxError> {
+        PgStore::builder(&self.url)
+            .prefix(prefix)
+            .clock(clock)
+            .sweep(Sweep::Off)
+            .pool_size(8)
+            .open()
+            .await
+            .map_err(|e| unreachable(&self.url, &e))
+    }
+
+    async fn commit(
+        &self,
+        claim: PgClaim,
+        messages: Vec<(String, Vec<u8>)>,
+        ending: Ending,
+    ) -> Result<Committed, BoxError> {
+        let mut tx = claim
+            .transaction()
+            .await
+            .map_err(|e| format!("begin a transaction: {e}"))?;
+        let mut ids = Vec::new();
+        for (subject, payload) in messages {
+            ids.push(tx.publish(&subject, payload)?);
+        }
+        match ending {
+            Ending::Fail => {
+                drop(tx.rollback().await);
+                Ok(Committed::RolledBack)
+            }
+            Ending::Commit => match tx.commit(Response::new(201, "committed")).await {
+                Ok(_) => Ok(Committed::Kept(ids)),
+                Err(CommitError::Stale(_)) => Ok(Committed::Stale),
+                Err(other) => Err(format!("the commit failed: {other}").into()),
+            },
+        }
+    }
+
+    async fn dead_letters(
+        &self,
+        store: &PgStore,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>, BoxError> {
+        Ok(store.dead_letters(limit).await?)
+    }
+
+    async fn retry_dead_letter(
+        &self,
+        store: &PgStore,
+        seq: u64,
+    ) -> Result<Option<Message>, BoxError> {
+        Ok(store.retry_dead_letter(seq).await?)
+    }
+
+    async fn drop_dead_letter(&self, store: &PgStore, seq: u64) -> Result<bool, BoxError> {
+        Ok(store.drop_dead_letter(seq).await?)
     }
 }
