@@ -3,7 +3,8 @@
 //! retry on the other instance replays byte for byte, and an instance killed between the
 //! processor call and the commit is recovered by the other (attempt 2) without a second
 //! charge. Both instances share the simulated processor's ledger, whose lines are the side
-//! effects counted here.
+//! effects counted here. With a relay in each (`--nats`), a kill of one leaves exactly one
+//! JetStream event per charge committed in PostgreSQL.
 //!
 //! The children are this test binary re-executed to run only [`service_process`], as in
 //! `tests/http_service.rs`. Lease expiry is driven by the surviving instance's manual clock
@@ -233,5 +234,133 @@ fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> T
     let again = charge(&survivor, "order-crash-1", &charge_body(1900))?;
     assert!(again.replayed);
     assert_eq!(again.body, recovered.body);
+    Ok(())
+}
+
+/// Both instances run a relay into one JetStream stream; only the holder of the outbox's lock
+/// delivers. One instance is killed while both take charges: the other's relay takes the lock
+/// over, and the stream ends up with exactly one event per charge committed in PostgreSQL.
+#[test]
+fn two_relays_and_a_kill_leave_one_event_per_charge_in_the_stream() -> TestResult {
+    let shared = Shared::new()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let js = rt.block_on(common::nats::connect());
+    let stream = common::nats::unique("IDEMSTORE_PG_RELAY");
+    let subjects = format!("{}.", stream.to_lowercase());
+    rt.block_on(js.create_stream(async_nats::jetstream::stream::Config {
+        name: stream.clone(),
+        subjects: vec![format!("{subjects}charges.>")],
+        duplicate_window: std::time::Duration::from_secs(600),
+        ..Default::default()
+    }))?;
+    let url = common::nats::url();
+    let env = [
+        ("EDGE_NATS", url.as_str()),
+        ("EDGE_NATS_STREAM", stream.as_str()),
+        ("EDGE_NATS_SUBJECT_PREFIX", subjects.as_str()),
+        ("EDGE_LATENCY_MS", "1"),
+        ("EDGE_ADMIN_TOKEN", "admin-secret"),
+    ];
+    let doomed = shared.start("a", &env)?;
+    let survivor = shared.start("b", &env)?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = [doomed.base.clone(), survivor.base.clone()]
+        .into_iter()
+        .enumerate()
+        .map(|(n, base)| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let agent: ureq::Agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .into();
+                let mut created = 0;
+                for i in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
+                    match charge_at(
+                        &agent,
+                        &base,
+                        &format!("relay-{n}-{i}"),
+                        &charge_body(100 + i),
+                    ) {
+                        Ok(answer) if answer.status == 201 => created += 1,
+                        Ok(_) => {}
+                        Err(_) => break, // its instance was killed
+                    }
+                }
+                created
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    doomed.kill()?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let created: Vec<u64> = clients
+        .into_iter()
+        .map(|c| c.join().map_err(|_| "a client panicked"))
+        .collect::<Result<_, _>>()?;
+    assert!(
+        created.iter().all(|n| *n > 0),
+        "both instances charged: {created:?}"
+    );
+
+    // The survivor's relay delivers what is left, the killed one's included.
+    let deadline = std::time::Instant::now() + common::service::PATIENCE;
+    loop {
+        let mut answer = survivor
+            .agent
+            .get(format!("{}/stats", survivor.base))
+            .header("authorization", "Bearer admin-secret")
+            .call()?;
+        let stats: Value = serde_json::from_str(&answer.body_mut().read_to_string()?)?;
+        if stats["store"]["outbox_pending"].as_u64() == Some(0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not drained: {stats}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+
+    let committed: std::collections::HashSet<String> = rt.block_on(async {
+        let pool = idemstore::sqlx::PgPool::connect(&shared.url).await?;
+        let rows: Vec<(Vec<u8>,)> = idemstore::sqlx::query_as(idemstore::sqlx::AssertSqlSafe(
+            format!("SELECT charge FROM {}charges", shared.prefix),
+        ))
+        .fetch_all(&pool)
+        .await?;
+        rows.iter()
+            .map(|(json,)| {
+                let charge: Value = serde_json::from_slice(json)?;
+                Ok(charge["id"].as_str().ok_or("no id")?.to_owned())
+            })
+            .collect::<Result<_, Box<dyn std::error::Error>>>()
+    })?;
+    let events = rt.block_on(async {
+        let mut s = js.get_stream(&stream).await?;
+        let state = s.info().await?.state.clone();
+        let mut events = Vec::new();
+        for seq in state.first_sequence..=state.last_sequence {
+            let m = s.get_raw_message(seq).await?;
+            let charge: Value = serde_json::from_slice(&m.payload)?;
+            events.push(charge["id"].as_str().ok_or("no id")?.to_owned());
+        }
+        Ok::<_, Box<dyn std::error::Error>>(events)
+    })?;
+    let distinct: std::collections::HashSet<String> = events.iter().cloned().collect();
+    assert_eq!(
+        distinct.len(),
+        events.len(),
+        "a charge with two events in the stream"
+    );
+    assert_eq!(distinct, committed, "one event per committed charge");
+    println!(
+        "{} charges, {created:?} answered 201 per instance",
+        committed.len()
+    );
+    rt.block_on(js.delete_stream(&stream))?;
     Ok(())
 }

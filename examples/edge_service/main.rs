@@ -256,6 +256,9 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 hooks: hooks.clone(),
             };
             let completer = pg::completer(&app, complete_every);
+            let nats = setting(&args, "--nats", "EDGE_NATS", "");
+            // Every instance may run one: only the one holding the outbox's lock delivers.
+            let _relay = start_relay(&app.store, &nats).await?;
             let listener = tokio::net::TcpListener::bind(addr).await?;
             println!("listening on http://{}", listener.local_addr()?);
             println!(
@@ -338,8 +341,8 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// `EDGE_NATS_SUBJECT_PREFIX` rename the stream and put a prefix before every subject sent
 /// (tests use their own, so that they never share a stream).
 #[cfg(feature = "nats")]
-async fn start_relay(
-    store: &Store,
+async fn start_relay<B: idemstore::relay::OutboxSource>(
+    store: &B,
     url: &str,
 ) -> Result<Option<idemstore::relay::Relay>, Box<dyn std::error::Error>> {
     if url.is_empty() {
@@ -388,7 +391,7 @@ impl idemstore::relay::Sink for Prefixed {
 }
 
 #[cfg(not(feature = "nats"))]
-async fn start_relay(store: &Store, url: &str) -> Result<Option<()>, Box<dyn std::error::Error>> {
+async fn start_relay<B>(store: &B, url: &str) -> Result<Option<()>, Box<dyn std::error::Error>> {
     let _ = store;
     if url.is_empty() {
         return Ok(None);

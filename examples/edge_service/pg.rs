@@ -129,6 +129,11 @@ async fn create(
         drop(tx);
         return idemstore::http::HandlerError::Aborted(e.into()).into_response();
     }
+    // The event commits with the row and the response, as on the local store.
+    if let Err(e) = tx.publish(charges::CHARGES_CREATED, recorded.json.clone()) {
+        drop(tx);
+        return idemstore::http::HandlerError::Aborted(e.into()).into_response();
+    }
     idem.commit(tx, recorded.response())
         .await
         .unwrap_or_else(IntoResponse::into_response)
@@ -150,6 +155,7 @@ async fn complete(app: PgApp, claim: PgClaim) -> Result<(), BoxError> {
             .bind(&recorded.json)
             .execute(tx.conn())
             .await?;
+            tx.publish(charges::CHARGES_CREATED, recorded.json.clone())?;
             tx.commit(recorded.response()).await?;
         }
         None => claim.release().await?,
@@ -218,6 +224,9 @@ async fn stats(State(app): State<PgApp>, Extension(caller): Extension<Caller>) -
             "replays": stats.replays,
             "in_progress_answers": stats.in_progress_answers,
             "stale_rejections": stats.stale_rejections,
+            "outbox_pending": stats.outbox_pending,
+            "oldest_pending_message_secs": stats.oldest_pending_message.map(|d| d.as_secs_f64()),
+            "dead_letters": stats.dead_letters,
         },
     }))
     .into_response()
