@@ -167,3 +167,61 @@ async fn a_poison_message_is_still_dead_lettered_after_an_outage() -> TestResult
     assert_eq!(sink.refused.load(Ordering::SeqCst), 3);
     Ok(())
 }
+
+/// Hangs past the attempt timeout on its first `hangs` calls, then accepts.
+struct Hanging {
+    hangs: u32,
+    calls: AtomicU32,
+    accepted: Mutex<Vec<Message>>,
+}
+
+struct HangingHandle(Arc<Hanging>);
+
+impl Sink for HangingHandle {
+    async fn deliver(&self, message: &Message) -> Result<(), BoxError> {
+        if self.0.calls.fetch_add(1, Ordering::SeqCst) < self.0.hangs {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        self.0.accepted.lock().push(message.clone());
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_does_not_answer_is_down_not_the_message() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let store = builder(&clock()).open(dir.path())?;
+    commit_all(&store, "d.created", &["one", "two"])?;
+    let sink = Arc::new(Hanging {
+        hangs: 5,
+        calls: AtomicU32::new(0),
+        accepted: Mutex::default(),
+    });
+    let config = RelayConfig::default()
+        .max_attempts(2)
+        .attempt_timeout(Duration::from_millis(20))
+        .backoff(Duration::from_millis(1), Duration::from_millis(4))
+        .idle_poll(Duration::from_millis(1));
+    let relay = Relay::start(&store, HangingHandle(sink.clone()), config);
+    for _ in 0..4_000 {
+        if sink.accepted.lock().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let stats = relay.stats();
+    relay.stop().await;
+    let accepted: Vec<Vec<u8>> = sink
+        .accepted
+        .lock()
+        .iter()
+        .map(|m| m.payload.clone())
+        .collect();
+    assert_eq!(accepted, [b"one".to_vec(), b"two".to_vec()], "{stats:?}");
+    assert!(
+        store.dead_letters(10)?.is_empty(),
+        "five timeouts, max_attempts 2"
+    );
+    assert_eq!(stats.unavailable, 5, "{stats:?}");
+    Ok(())
+}

@@ -20,14 +20,18 @@ pub struct RelayConfig {
     pub first_backoff: Duration,
     /// The longest wait between attempts of one message. Default 30 s.
     pub max_backoff: Duration,
-    /// How long one delivery may take before it counts as failed. Default 10 s.
+    /// How long one delivery may wait for the sink. An attempt with no answer by then is
+    /// treated as the sink being down (as [`Unavailable`](super::Unavailable)): delivery
+    /// pauses and the attempt is not counted against the message. Keep it above the sink's
+    /// own timeouts (for [`JetStreamSink`](super::JetStreamSink), twice the JetStream
+    /// context's, 5 s by default: one for the publish, one for the ack). Default 15 s.
     pub attempt_timeout: Duration,
     /// How long the relay sleeps when the outbox is empty before looking again. Default 10 ms.
-    ///
-    /// Over PostgreSQL it is also how often a relay that does not hold the outbox's lock
-    /// tries to take it (one `pg_try_advisory_lock` on its own connection, which never
-    /// waits): the longest a take-over waits after the holder's connection goes.
     pub idle_poll: Duration,
+    /// Over PostgreSQL, how often a relay that does not hold the outbox's lock tries to take
+    /// it (one `pg_try_advisory_lock` on its own connection, which never waits): the longest
+    /// a take-over waits after the holder's connection goes. Default 1 s.
+    pub standby_poll: Duration,
 }
 
 impl Default for RelayConfig {
@@ -37,8 +41,9 @@ impl Default for RelayConfig {
             max_attempts: 10,
             first_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(30),
-            attempt_timeout: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(15),
             idle_poll: Duration::from_millis(10),
+            standby_poll: Duration::from_secs(1),
         }
     }
 }
@@ -63,6 +68,13 @@ impl RelayConfig {
     #[must_use]
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = timeout;
+        self
+    }
+
+    /// Sets [`RelayConfig::standby_poll`].
+    #[must_use]
+    pub fn standby_poll(mut self, poll: Duration) -> Self {
+        self.standby_poll = poll;
         self
     }
 

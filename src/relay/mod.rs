@@ -20,7 +20,7 @@
 //! Over PostgreSQL, several instances share one outbox. Each may start a relay; one at a time
 //! delivers, holding a session-level advisory lock (keyed by the table prefix) on a
 //! connection of its own, through which it also reads and settles; the others poll every
-//! [`RelayConfig::idle_poll`] and the first to find the lock free takes over when the
+//! [`RelayConfig::standby_poll`] and the first to find the lock free takes over when the
 //! holder stops or its connection goes. The order promised there is narrower; see
 //! [`PgStore`](crate::PgStore#the-outbox) for exactly what is and is not ordered.
 //!

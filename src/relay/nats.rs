@@ -14,15 +14,20 @@ use crate::model::message::Message;
 /// and counts it delivered only once the stream has acknowledged it. JetStream drops a
 /// message whose id it has seen within the stream's duplicate window (two minutes by
 /// default), so the relay's redeliveries (after a crash between the stream's ack and the
-/// outbox's settlement, or after a timed-out attempt that did arrive) leave one copy in the
-/// stream. Keep the window longer than the relay's longest retry backoff.
+/// outbox's settlement, after a timed-out attempt that did arrive, after a settlement that
+/// failed, around a PostgreSQL take-over) leave one copy in the stream. **Exactly once holds
+/// within that window**: keep it longer than the longest of the relay's retry backoff, an
+/// outage of the store the relay settles into, and a restart of the service. A redelivery
+/// after the window is stored twice, with the same `Nats-Msg-Id`; a consumer that applies
+/// through the inbox ([`Store::consume`](crate::Store::consume)) still applies it once.
 pub struct JetStreamSink {
     context: Context,
 }
 
 impl JetStreamSink {
     /// A sink publishing through `context` (`async_nats::jetstream::new(client)`). The subjects
-    /// must belong to a stream; a message to a subject no stream takes fails its attempt.
+    /// must belong to a stream: while no stream takes a message's subject, delivery pauses
+    /// (see the classification below).
     pub fn new(context: Context) -> Self {
         JetStreamSink { context }
     }
@@ -52,15 +57,20 @@ impl Sink for JetStreamSink {
     }
 }
 
-/// The server not answering, the connection broken, the stream full of unacked messages: an
-/// outage, which the relay waits out without counting attempts. No stream for the subject, a
-/// payload over the server's limit, anything else: a failure of this message, retried and, if
-/// it persists, dead-lettered (and retried from there once the stream is fixed).
+/// What is the stream's fault and what is the message's. An outage, which the relay waits
+/// out without counting attempts: the server not answering (`TimedOut`), the connection
+/// broken (`BrokenPipe`), the stream full of unacked messages (`MaxAckPending`), and no
+/// stream answering for the subject (`StreamNotFound`: "no responders", which JetStream also
+/// says while a stream has no leader; a subject no stream takes at all stops delivery until
+/// one does, with the error in [`RelayStats::last_error`](super::RelayStats)). A failure of
+/// this message, retried and, if it persists, dead-lettered: a payload over the server's
+/// limit, and anything else the server refuses (a full stream that discards new messages).
 fn classify(error: PublishError) -> BoxError {
     match error.kind() {
         PublishErrorKind::TimedOut
         | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::MaxAckPending => Box::new(Unavailable::new(error)),
+        | PublishErrorKind::MaxAckPending
+        | PublishErrorKind::StreamNotFound => Box::new(Unavailable::new(error)),
         _ => Box::new(error),
     }
 }

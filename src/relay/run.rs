@@ -41,9 +41,10 @@ struct Outage {
 
 /// Why an attempt failed.
 enum Failure {
-    /// This message's attempt failed (an error, a panic, a timeout): counted.
+    /// This message's attempt failed (an error, a panic): counted.
     Message(String),
-    /// The sink said it is down: not counted against the message.
+    /// The sink said it is down, or did not answer within the attempt timeout: not counted
+    /// against the message.
     Unavailable(String),
 }
 
@@ -53,7 +54,7 @@ impl Relay {
     ///
     /// Over PostgreSQL, every instance may start a relay: one at a time delivers (it holds
     /// the prefix's advisory lock on a connection of its own), the others poll every
-    /// [`RelayConfig::idle_poll`] and take over when its connection goes.
+    /// [`RelayConfig::standby_poll`] and take over when its connection goes.
     ///
     /// # Panics
     /// Outside a tokio runtime.
@@ -119,7 +120,11 @@ async fn run<B: OutboxSource, S: Sink>(
                 settled.clear();
                 outage = Outage::default();
                 store_backoff = config.first_backoff;
-                pause(&mut stopped, config.idle_poll.max(Duration::from_millis(1))).await;
+                pause(
+                    &mut stopped,
+                    config.standby_poll.max(Duration::from_millis(1)),
+                )
+                .await;
                 continue;
             }
             Err(e) => {
@@ -133,12 +138,20 @@ async fn run<B: OutboxSource, S: Sink>(
         let Some(held) = handle.as_mut() else {
             continue;
         };
-        Counters::add(&counters.passes, 1);
-        let pending = match store.pending(held, config.batch).await {
-            Ok(pending) => {
-                store_backoff = config.first_backoff;
-                pending
+        // The sink is down: nothing to read until it is worth trying again.
+        if let Some(at) = outage.retry_at {
+            let left = at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                pause(&mut stopped, left).await;
+                continue;
             }
+        }
+        Counters::add(&counters.passes, 1);
+        // The store's backoff is reset only once a whole pass went through (read, and
+        // settled if anything was delivered): a read that works between settlements that
+        // fail would otherwise undo the doubling.
+        let pending = match store.pending(held, config.batch).await {
+            Ok(pending) => pending,
             Err(e) => {
                 // The turn may be gone with its connection: take it again before going on.
                 store_failed(&counters, &e, "reading the outbox");
@@ -160,7 +173,7 @@ async fn run<B: OutboxSource, S: Sink>(
             &counters,
         )
         .await;
-        let wake = pass.next_retry;
+        let (wake, pass_end) = (pass.next_retry, pass.end);
         let progressed = !pass.delivered.is_empty() || !pass.dead.is_empty();
         if progressed {
             let seqs: Vec<u64> = pass
@@ -170,23 +183,40 @@ async fn run<B: OutboxSource, S: Sink>(
                 .chain(pass.dead.iter().map(|d| d.message.seq))
                 .collect();
             match store.settle(held, pass.delivered, pass.dead).await {
-                Ok(()) => settled.extend(seqs),
+                Ok(()) => {
+                    // A dead letter's count goes only now: had the settlement failed, it
+                    // would have been buried again after one more attempt, not after
+                    // max_attempts more.
+                    for seq in &seqs {
+                        failing.remove(seq);
+                    }
+                    settled.extend(seqs);
+                }
                 Err(e) => {
                     // Delivered but still in the outbox: delivered again later, same ids.
                     store_failed(&counters, &e, "settling delivered messages");
                     handle = None;
                     pause(&mut stopped, store_backoff).await;
+                    store_backoff = (store_backoff * 2).min(config.max_backoff);
                     continue;
                 }
             }
         }
-        if full && progressed {
+        store_backoff = config.first_backoff;
+        if (full || pass_end == PassEnd::OutOfTime) && progressed {
             continue;
         }
+        // Messages waiting out a backoff: look again when the first is due, or sooner for
+        // new messages of other subjects, but not every idle_poll when nothing moved (each
+        // look reads the batch again, payloads and all).
         let now = Instant::now();
+        let cap = match progressed {
+            true => config.idle_poll,
+            false => config.idle_poll.max(BLOCKED_POLL),
+        };
         let sleep = wake.map_or(config.idle_poll, |at| {
             at.saturating_duration_since(now)
-                .min(config.idle_poll.max(Duration::from_millis(1)))
+                .min(cap.max(Duration::from_millis(1)))
         });
         pause(&mut stopped, sleep.max(Duration::from_millis(1))).await;
     }
@@ -195,8 +225,27 @@ async fn run<B: OutboxSource, S: Sink>(
     }
 }
 
+/// The longest a pass delivers before it settles and reads again. Over PostgreSQL that is
+/// also as long as a relay goes without touching its lock's connection, so it bounds how long
+/// a relay that lost the lock (its session was ended on the server) keeps delivering.
+const PASS_BUDGET: Duration = Duration::from_secs(1);
+
+/// How often a relay whose pending messages all wait out a backoff reads the outbox again
+/// for new ones.
+const BLOCKED_POLL: Duration = Duration::from_millis(100);
+
+/// How a pass ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PassEnd {
+    /// It went through the batch (or stopped for the sink's outage).
+    Done,
+    /// It ran out of [`PASS_BUDGET`] with messages left.
+    OutOfTime,
+}
+
 /// What one pass over a batch did.
 struct Pass {
+    end: PassEnd,
     /// Seqs the sink accepted.
     delivered: Vec<u64>,
     /// Messages given up on.
@@ -217,18 +266,18 @@ async fn deliver_pass<S: Sink>(
     counters: &Counters,
 ) -> Pass {
     let mut pass = Pass {
+        end: PassEnd::Done,
         delivered: Vec::new(),
         dead: Vec::new(),
         next_retry: None,
     };
-    if let Some(at) = outage.retry_at
-        && at > Instant::now()
-    {
-        pass.next_retry = Some(at);
-        return pass;
-    }
     let mut blocked: HashSet<&str> = HashSet::new();
+    let started = Instant::now();
     for message in pending {
+        if started.elapsed() > PASS_BUDGET {
+            pass.end = PassEnd::OutOfTime;
+            break;
+        }
         if settled.contains(&message.seq) || blocked.contains(message.subject.as_str()) {
             continue;
         }
@@ -250,7 +299,11 @@ async fn deliver_pass<S: Sink>(
             Err(failure) => failure,
         };
         let error = match failure {
-            Failure::Message(error) => error,
+            Failure::Message(error) => {
+                // The sink answered: it is up, whatever it thought of this message.
+                *outage = Outage::default();
+                error
+            }
             Failure::Unavailable(error) => {
                 // Not this message's fault, and nothing else would get through: stop the
                 // pass, count no attempt, and wait for the sink.
@@ -283,7 +336,6 @@ async fn deliver_pass<S: Sink>(
                 last_error: error,
                 dead_at: store_now(),
             });
-            failing.remove(&message.seq);
             Counters::add(&counters.dead_lettered, 1);
             continue;
         }
@@ -316,9 +368,12 @@ async fn attempt<S: Sink>(
     match tokio::time::timeout(timeout, task).await {
         Ok(Ok(result)) => result,
         Ok(Err(join)) => Err(Failure::Message(format!("the sink panicked: {join}"))),
+        // No answer says nothing against the message: a destination that hangs is down.
         Err(_) => {
             abort.abort();
-            Err(Failure::Message(format!("no answer within {timeout:?}")))
+            Err(Failure::Unavailable(format!(
+                "no answer within {timeout:?}"
+            )))
         }
     }
 }

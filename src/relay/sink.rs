@@ -9,11 +9,12 @@ use crate::model::message::Message;
 /// A destination for outbox messages: a broker, a webhook, a test double.
 ///
 /// `deliver` returns `Ok` once the destination has durably accepted the message (for a broker,
-/// after its acknowledgement): the relay then deletes it from the outbox. An error, a panic
-/// or a timeout ([`RelayConfig::attempt_timeout`](super::RelayConfig::attempt_timeout)) is a
-/// failed attempt of that message, retried later and counted towards
-/// [`RelayConfig::max_attempts`](super::RelayConfig::max_attempts); an error that is an
-/// [`Unavailable`] says the destination as a whole is down, and is not counted. A message may
+/// after its acknowledgement): the relay then deletes it from the outbox. An error or a panic
+/// is a failed attempt of that message, retried later and counted towards
+/// [`RelayConfig::max_attempts`](super::RelayConfig::max_attempts). An error that is an
+/// [`Unavailable`], or no answer within
+/// [`RelayConfig::attempt_timeout`](super::RelayConfig::attempt_timeout), says the
+/// destination as a whole is down: delivery pauses, and nothing is counted. A message may
 /// be delivered more than once (after a crash between delivery and deletion, or a timeout of
 /// an attempt that did arrive): deduplicate on [`Message::id`], which is the same every time.
 pub trait Sink: Send + Sync + 'static {
