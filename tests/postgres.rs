@@ -499,7 +499,8 @@ async fn two_relays_on_one_prefix_deliver_each_message_once_in_order_and_hand_ov
     // Small batches, so that a stop waits for a few deliveries only.
     let config = RelayConfig::default()
         .batch(4)
-        .idle_poll(Duration::from_millis(5));
+        .idle_poll(Duration::from_millis(5))
+        .standby_poll(Duration::from_millis(5));
     let sink = |relay| Counting {
         relay,
         arrived: arrived.clone(),
@@ -586,7 +587,9 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
             relay: "only",
             arrived: arrived.clone(),
         },
-        RelayConfig::default().idle_poll(Duration::from_millis(5)),
+        RelayConfig::default()
+            .idle_poll(Duration::from_millis(5))
+            .standby_poll(Duration::from_millis(5)),
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while store.stats().await?.outbox_pending > 0 {
@@ -647,5 +650,56 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
         "{stats:?}"
     );
     admin.close().await;
+    Ok(())
+}
+
+/// Refuses every message with an error PostgreSQL's `text` cannot hold.
+struct NulError;
+
+impl idemstore::relay::Sink for NulError {
+    async fn deliver(&self, _message: &idemstore::Message) -> Result<(), BoxError> {
+        Err("the broker said \0 and stopped".into())
+    }
+}
+
+/// A sink error with a NUL byte once failed the dead-letter insert, so the settlement rolled
+/// back, the message was tried again, and so on forever. It is buried, the NUL escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_error_with_a_nul_byte_is_dead_lettered_all_the_same() -> TestResult {
+    use idemstore::relay::{Relay, RelayConfig};
+
+    let prefix = Prefix::new("nulerr");
+    let store = prefix.open(&clock()).await?;
+    let claim = claimed(store.begin(&scope("k"), fp("r")).await?)?;
+    let mut tx = claim.transaction().await?;
+    let id = tx.publish("orders.placed", b"poison".to_vec())?;
+    tx.commit(Response::new(201, "ok")).await?;
+    let relay = Relay::start(
+        &store,
+        NulError,
+        RelayConfig::default()
+            .max_attempts(2)
+            .backoff(Duration::from_millis(1), Duration::from_millis(2))
+            .idle_poll(Duration::from_millis(2)),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let dead = loop {
+        let dead = store.dead_letters(10).await?;
+        if !dead.is_empty() {
+            break dead;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never dead-lettered: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    relay.stop().await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.id, id);
+    assert_eq!(dead[0].attempts, 2);
+    assert_eq!(dead[0].last_error, "the broker said \\0 and stopped");
+    assert_eq!(store.stats().await?.outbox_pending, 0);
     Ok(())
 }

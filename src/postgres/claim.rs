@@ -167,6 +167,38 @@ impl PgClaim {
             .bind(PgStore::payload(&self.scope))
     }
 
+    /// The completion that also records `messages` (`(id, subject, payload)` in publishing
+    /// order) in the outbox, in the same statement.
+    pub(crate) fn completion_publishing(
+        &self,
+        response: &Response,
+        messages: Vec<(String, String, Vec<u8>)>,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        let mut ids = Vec::with_capacity(messages.len());
+        let mut subjects = Vec::with_capacity(messages.len());
+        let mut payloads = Vec::with_capacity(messages.len());
+        for (id, subject, payload) in messages {
+            ids.push(id);
+            subjects.push(subject);
+            payloads.push(payload);
+        }
+        let inner = &self.store.inner;
+        sqlx::query(AssertSqlSafe(inner.sql.complete_publishing.clone()))
+            .bind(self.scope.tenant().to_owned())
+            .bind(self.scope.operation().to_owned())
+            .bind(self.scope.key().to_owned())
+            .bind(fence_i64(self.fence))
+            .bind(duration_i64(inner.config.ttl))
+            .bind(inner.config.now())
+            .bind(i32::from(response.status()))
+            .bind(encode_headers(response))
+            .bind(response.body().to_vec())
+            .bind(PgStore::payload(&self.scope))
+            .bind(ids)
+            .bind(subjects)
+            .bind(payloads)
+    }
+
     /// `complete`: the completion alone, as one autocommitted statement (one round trip).
     pub(crate) async fn complete_alone(
         self,

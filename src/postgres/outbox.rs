@@ -46,36 +46,6 @@ impl fmt::Debug for Delivery {
     }
 }
 
-/// Inserts a commit's messages, `(id, subject, payload)` in publishing order, on the claim's
-/// transaction (one statement, whatever their number).
-pub(crate) async fn insert_published(
-    store: &PgStore,
-    conn: &mut PgConnection,
-    messages: Vec<(String, String, Vec<u8>)>,
-) -> Result<(), StoreError> {
-    let mut ids = Vec::with_capacity(messages.len());
-    let mut subjects = Vec::with_capacity(messages.len());
-    let mut payloads = Vec::with_capacity(messages.len());
-    for (id, subject, payload) in messages {
-        ids.push(id);
-        subjects.push(subject);
-        payloads.push(payload);
-    }
-    let inner = &store.inner;
-    timed(
-        store.call_limit(),
-        "record published messages",
-        sqlx::query(AssertSqlSafe(inner.sql.publish.clone()))
-            .bind(ids)
-            .bind(subjects)
-            .bind(payloads)
-            .bind(inner.config.now())
-            .execute(conn),
-    )
-    .await?;
-    Ok(())
-}
-
 impl PgStore {
     /// Messages the relay gave up on, oldest first (by seq), at most `limit`: as
     /// [`Store::dead_letters`](crate::Store::dead_letters).
@@ -137,10 +107,24 @@ impl PgStore {
     /// lock and, once it holds it, reads and settles.
     pub(crate) async fn relay_connection(&self) -> Result<Delivery, StoreError> {
         let options = self.inner.pool.connect_options();
-        let conn = timed(
+        let mut conn = timed(
             self.call_limit(),
             "connect for the relay",
             PgConnection::connect_with(&options),
+        )
+        .await?;
+        // The lock lives as long as the server thinks this session does. A relay whose
+        // machine vanished (no FIN, no RST: a partition, a power cut) would otherwise keep it
+        // until the kernel's keepalive gives up, two hours by default; with these the server
+        // drops the session, and the lock, about 25 s after the peer went silent.
+        timed(
+            self.call_limit(),
+            "set the relay connection's keepalives",
+            sqlx::raw_sql(
+                "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
+                 SET tcp_keepalives_count = 3",
+            )
+            .execute(&mut conn),
         )
         .await?;
         Ok(Delivery {
@@ -232,7 +216,9 @@ impl PgStore {
             for letter in dead {
                 seqs.push(seq_i64(letter.message.seq));
                 attempts.push(i32::try_from(letter.attempts).unwrap_or(i32::MAX));
-                errors.push(letter.last_error);
+                // PostgreSQL's text has no NUL; a sink's error with one would fail the
+                // whole settlement, every time.
+                errors.push(letter.last_error.replace('\0', "\\0"));
             }
             timed(
                 limit,

@@ -128,9 +128,13 @@ const RACES: usize = 8;
 /// session-level advisory lock on a connection of its own (outside the pool). The others
 /// poll; when the holder stops, crashes or loses its connection, PostgreSQL releases the lock
 /// and the next poll takes over. The holder reads and settles on that connection, so a
-/// broken connection stops it at its next pass; the pass in flight when its connection
-/// broke may still be handing messages to the sink while the new holder starts, so around a
-/// take-over a message may be delivered twice and, for that moment, out of order.
+/// broken connection stops it at its next pass. A pass lasts at most about a second plus one
+/// attempt (`RelayConfig::attempt_timeout`), so a holder whose session the server ended
+/// (`pg_terminate_backend`, or its keepalives, set to give up after about 25 s of silence)
+/// may go on handing messages to the sink for that long while the new holder starts: around
+/// a take-over a message may be delivered twice and, in that window, out of order. Session
+/// locks need a session: behind PgBouncer in transaction mode the lock does not hold, so
+/// point the store at PostgreSQL itself, or at a session-mode pool.
 ///
 /// **What is ordered.** A message's seq comes from a sequence when its commit inserts it,
 /// not when it commits, and the relay delivers committed messages by seq. So, per subject,

@@ -8,7 +8,6 @@ use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::claim::PgClaim;
 use super::driver::{backend, commit_failed};
-use super::outbox::insert_published;
 use crate::error::{CommitError, StoreError};
 use crate::model::message::{MessageError, Published};
 use crate::model::response::Response;
@@ -116,14 +115,11 @@ impl PgTx {
             });
         }
         let published = self.published.take();
-        if !published.is_empty() {
-            let store = self.claim.store.clone();
-            if let Err(e) = insert_published(&store, &mut self.tx, published).await {
-                let _ = self.rollback().await;
-                return Err(CommitError::Store(e));
-            }
-        }
-        let completion = self.claim.completion(&response);
+        let completion = if published.is_empty() {
+            self.claim.completion(&response)
+        } else {
+            self.claim.completion_publishing(&response, published)
+        };
         let updated = tokio::time::timeout(limit, completion.fetch_optional(&mut *self.tx)).await;
         match updated {
             Ok(Ok(Some(_))) => {}
