@@ -53,10 +53,16 @@ pub(crate) enum Event {
 impl Event {
     pub(crate) fn parse(payload: &[u8]) -> Event {
         match serde_json::from_slice::<Charge>(payload) {
-            Ok(charge) if !charge.id.is_empty() && charge.currency.len() == 3 => {
+            Ok(charge)
+                if !charge.id.is_empty()
+                    && charge.id.len() <= 128
+                    && charge.currency.len() == 3 =>
+            {
                 Event::Charge(charge)
             }
-            Ok(_) => Event::Unreadable("a charge needs an id and a 3-letter currency".to_owned()),
+            Ok(_) => Event::Unreadable(
+                "a charge needs an id (at most 128 bytes) and a 3-letter currency".to_owned(),
+            ),
             Err(e) => Event::Unreadable(format!("not a charge: {e}")),
         }
     }
@@ -69,6 +75,11 @@ pub(crate) fn apply(tx: &mut Tx<'_>, event_id: &str, event: Event) -> Result<Res
         Event::Charge(charge) => charge,
         Event::Unreadable(why) => return Ok(Response::new(422, why.into_bytes())),
     };
+    // The same charge under another event id (a producer that published it twice): the
+    // inbox cannot see it, the ledger can. Counted once.
+    if tx.get(&ENTRIES, charge.id.as_str())?.is_some() {
+        return Ok(Response::new(200, b"already in the ledger".to_vec()));
+    }
     let mut total: Total = match tx.get(&TOTALS, charge.currency.as_str())? {
         Some(stored) => serde_json::from_slice(stored.value())?,
         None => Total::default(),
@@ -93,7 +104,7 @@ pub(crate) fn apply(tx: &mut Tx<'_>, event_id: &str, event: Event) -> Result<Res
         charge.id.as_str(),
         serde_json::to_vec(&entry)?.as_slice(),
     )?;
-    Ok(Response::new(200, charge.id.into_bytes()))
+    Ok(Response::new(200, Vec::new()))
 }
 
 /// The totals per currency, and the number of entries (charges applied).

@@ -20,8 +20,9 @@ pub(crate) struct Counters {
     pub(crate) applied: AtomicU64,
     /// Redeliveries the inbox answered from its record (the effect did not run again).
     pub(crate) replayed: AtomicU64,
-    /// Events refused: a payload that differs from the first one under the same id, or an id
-    /// that cannot be an inbox key. Terminated, not retried: a producer bug to look at.
+    /// Events refused: a payload that differs from the first one under the same id, an id
+    /// that cannot be an inbox key, an event the ledger cannot apply. Terminated, not
+    /// retried: a bug to look at.
     pub(crate) refused: AtomicU64,
     /// Deliveries handed back to the broker to try later (the store failed or was busy).
     pub(crate) retried: AtomicU64,
@@ -112,8 +113,20 @@ async fn handle(store: &Store, name: &str, counters: &Counters, hang: Hang, mess
             counters.refused.fetch_add(1, Ordering::Relaxed);
             AckKind::Term
         }
-        // Nothing was applied (or the outcome is unknown and the record will tell on the next
-        // delivery): the broker delivers it again.
+        // Applying it failed in a way a redelivery would repeat (the ledger refused it, the
+        // code panicked): nothing was written, and retrying forever would only stall the
+        // consumer. Terminate it and say so; an operator replays it from the stream.
+        Err(
+            e @ (ExecuteError::Aborted(_)
+            | ExecuteError::Panicked(_)
+            | ExecuteError::InvalidResponse(_)),
+        ) => {
+            tracing::error!(%id, error = %e, "the event cannot be applied; terminated");
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            AckKind::Term
+        }
+        // Nothing was applied (the store failed, or the outcome is unknown and the record
+        // will tell on the next delivery): the broker delivers it again.
         Err(e) => {
             tracing::warn!(%id, error = %e, "the inbox failed; the event will be redelivered");
             counters.retried.fetch_add(1, Ordering::Relaxed);
