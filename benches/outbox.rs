@@ -12,6 +12,11 @@
 //!
 //! Parts 2 and 3 need NATS JetStream on `IDEMSTORE_NATS_URL` (default
 //! `nats://127.0.0.1:4222`); without it they are skipped, saying why.
+//!
+//! With `--features nats,postgres,testing`, a part 4 does part 1 on the PostgreSQL backend
+//! (`IDEMSTORE_PG_URL`, default the machine's `test` database): 16 client tasks, without the
+//! outbox and with one message per commit while a relay drains it, three alternating runs of
+//! 3 s, medians and their ratio.
 
 mod common;
 
@@ -147,6 +152,9 @@ fn main() {
         b / a
     );
 
+    #[cfg(all(feature = "postgres", feature = "testing"))]
+    pg::pairs_with_and_without(&runtime, duration);
+
     let js = match runtime.block_on(jetstream()) {
         Ok(js) => js,
         Err(why) => {
@@ -233,4 +241,130 @@ fn main() {
         all.len()
     );
     let _ = runtime.block_on(js.delete_stream(&stream));
+}
+
+/// Part 4: the outbox's cost on the PostgreSQL backend.
+#[cfg(all(feature = "postgres", feature = "testing"))]
+mod pg {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use idemstore::relay::{Relay, RelayConfig};
+    use idemstore::sqlx::{self, AssertSqlSafe};
+    use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix};
+    use idemstore::{Begin, Fingerprint, PgStore, Protocol, Response, Scope, Sweep};
+
+    use super::{Accept, BODY, ROW, median};
+
+    const CLIENTS: u64 = 16;
+
+    async fn open(prefix: &str) -> Result<PgStore, idemstore::BoxError> {
+        let store = PgStore::builder(&database_url())
+            .prefix(prefix)
+            .pool_size(CLIENTS as u32)
+            .sweep(Sweep::Off)
+            .open()
+            .await?;
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
+        )))
+        .execute(store.pool())
+        .await?;
+        Ok(store)
+    }
+
+    async fn pair(store: &PgStore, insert: &str, i: u64, publish: bool) {
+        let key = format!("k{i:012}");
+        let scope = Scope::new("t", "create_order", &key).expect("scope");
+        let begun = store
+            .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
+            .await
+            .expect("begin");
+        let Begin::Claimed(claim) = begun else {
+            panic!("{key} was not new");
+        };
+        let mut tx = claim.transaction().await.expect("transaction");
+        sqlx::query(AssertSqlSafe(insert.to_owned()))
+            .bind(&key)
+            .bind(&ROW[..])
+            .execute(tx.conn())
+            .await
+            .expect("row");
+        if publish {
+            tx.publish("orders.created", ROW.to_vec()).expect("publish");
+        }
+        tx.commit(Response::new(201, BODY.to_vec()))
+            .await
+            .expect("commit");
+    }
+
+    async fn run(store: &PgStore, prefix: &str, publish: bool, duration: Duration) -> f64 {
+        let insert: Arc<str> =
+            format!("INSERT INTO {prefix}orders (id, body) VALUES ($1, $2)").into();
+        let next = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..CLIENTS)
+            .map(|_| {
+                let (store, insert) = (store.clone(), insert.clone());
+                let (next, stop) = (next.clone(), stop.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        pair(
+                            &store,
+                            &insert,
+                            next.fetch_add(1, Ordering::Relaxed),
+                            publish,
+                        )
+                        .await;
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(duration).await;
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.expect("a client task");
+        }
+        next.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    }
+
+    pub(super) fn pairs_with_and_without(runtime: &tokio::runtime::Runtime, duration: Duration) {
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        let mut prefixes = Vec::new();
+        for _ in 0..3 {
+            let opened = runtime.block_on(async {
+                let plain = unique_prefix("ob_plain");
+                let store = open(&plain).await?;
+                let rate = run(&store, &plain, false, duration).await;
+                let outbox = unique_prefix("ob_outbox");
+                let published = open(&outbox).await?;
+                let relay = Relay::start(&published, Accept, RelayConfig::default());
+                let with_rate = run(&published, &outbox, true, duration).await;
+                let delivered = relay.stats().delivered;
+                relay.stop().await;
+                Ok::<_, idemstore::BoxError>((plain, outbox, rate, with_rate, delivered))
+            });
+            let (plain, outbox, rate, with_rate, delivered) = match opened {
+                Ok(run) => run,
+                Err(e) => {
+                    println!("PostgreSQL part skipped: {e}");
+                    return;
+                }
+            };
+            println!(
+                "  PostgreSQL run: without {rate:.0} pairs/s, with the outbox {with_rate:.0} pairs/s ({delivered} delivered meanwhile)"
+            );
+            without.push(rate);
+            with.push(with_rate);
+            prefixes.extend([plain, outbox]);
+        }
+        let (a, b) = (median(without), median(with));
+        println!(
+            "PostgreSQL pairs/s at {CLIENTS} clients: without the outbox {a:.0}, with one message per commit {b:.0}: {:.2}x",
+            b / a
+        );
+        drop_prefixes(&database_url(), prefixes);
+    }
 }
