@@ -40,6 +40,14 @@ impl Sink for Handle {
     }
 }
 
+/// Quick retries, `max_attempts` as given.
+fn fast(max_attempts: u32) -> RelayConfig {
+    RelayConfig::default()
+        .max_attempts(max_attempts)
+        .backoff(Duration::from_millis(1), Duration::from_millis(4))
+        .idle_poll(Duration::from_millis(1))
+}
+
 /// Commits one order per payload, each publishing its payload on `subject`.
 fn commit_all(store: &Store, subject: &str, payloads: &[&str]) -> TestResult {
     for (i, payload) in payloads.iter().enumerate() {
@@ -74,11 +82,7 @@ async fn an_outage_dead_letters_nothing_and_keeps_order() -> TestResult {
         accepted: Mutex::default(),
         refused: AtomicU32::new(0),
     });
-    let config = RelayConfig::default()
-        .max_attempts(3)
-        .backoff(Duration::from_millis(1), Duration::from_millis(4))
-        .idle_poll(Duration::from_millis(1));
-    let relay = Relay::start(&store, Handle(sink.clone()), config);
+    let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
     for _ in 0..4_000 {
         if sink.accepted.lock().len() == 20 {
             break;
@@ -141,11 +145,7 @@ async fn a_poison_message_is_still_dead_lettered_after_an_outage() -> TestResult
         accepted: Mutex::default(),
         refused: AtomicU32::new(0),
     });
-    let config = RelayConfig::default()
-        .max_attempts(3)
-        .backoff(Duration::from_millis(1), Duration::from_millis(4))
-        .idle_poll(Duration::from_millis(1));
-    let relay = Relay::start(&store, Handle(sink.clone()), config);
+    let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
     for _ in 0..4_000 {
         if sink.accepted.lock().len() == 2 && !store.dead_letters(1)?.is_empty() {
             break;
@@ -197,11 +197,7 @@ async fn a_sink_that_does_not_answer_is_down_not_the_message() -> TestResult {
         calls: AtomicU32::new(0),
         accepted: Mutex::default(),
     });
-    let config = RelayConfig::default()
-        .max_attempts(2)
-        .attempt_timeout(Duration::from_millis(20))
-        .backoff(Duration::from_millis(1), Duration::from_millis(4))
-        .idle_poll(Duration::from_millis(1));
+    let config = fast(2).attempt_timeout(Duration::from_millis(20));
     let relay = Relay::start(&store, HangingHandle(sink.clone()), config);
     for _ in 0..4_000 {
         if sink.accepted.lock().len() == 2 {

@@ -20,7 +20,7 @@
 //! | `--admin-token` | `EDGE_ADMIN_TOKEN` | none (the operator's view of `/stats` is off) |
 //! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
-//! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` (`EDGE_NATS_STREAM` renames it; `EDGE_NATS_SUBJECT_PREFIX` prefixes the subjects sent) |
+//! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` (on either backend; over PostgreSQL every instance runs one and one at a time delivers) (`EDGE_NATS_STREAM` renames it; `EDGE_NATS_SUBJECT_PREFIX` prefixes the subjects sent) |
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |

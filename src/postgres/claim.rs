@@ -153,18 +153,7 @@ impl PgClaim {
         &self,
         response: &Response,
     ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
-        let inner = &self.store.inner;
-        sqlx::query(AssertSqlSafe(inner.sql.complete.clone()))
-            .bind(self.scope.tenant().to_owned())
-            .bind(self.scope.operation().to_owned())
-            .bind(self.scope.key().to_owned())
-            .bind(fence_i64(self.fence))
-            .bind(duration_i64(inner.config.ttl))
-            .bind(inner.config.now())
-            .bind(i32::from(response.status()))
-            .bind(encode_headers(response))
-            .bind(response.body().to_vec())
-            .bind(PgStore::payload(&self.scope))
+        self.completion_in(self.store.inner.sql.complete.clone(), response)
     }
 
     /// The completion that also records `messages` (`(id, subject, payload)` in publishing
@@ -182,8 +171,21 @@ impl PgClaim {
             subjects.push(subject);
             payloads.push(payload);
         }
+        let sql = self.store.inner.sql.complete_publishing.clone();
+        self.completion_in(sql, response)
+            .bind(ids)
+            .bind(subjects)
+            .bind(payloads)
+    }
+
+    /// `sql` (a completion statement) with the completion's ten parameters bound.
+    fn completion_in(
+        &self,
+        sql: std::sync::Arc<str>,
+        response: &Response,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
         let inner = &self.store.inner;
-        sqlx::query(AssertSqlSafe(inner.sql.complete_publishing.clone()))
+        sqlx::query(AssertSqlSafe(sql))
             .bind(self.scope.tenant().to_owned())
             .bind(self.scope.operation().to_owned())
             .bind(self.scope.key().to_owned())
@@ -194,9 +196,6 @@ impl PgClaim {
             .bind(encode_headers(response))
             .bind(response.body().to_vec())
             .bind(PgStore::payload(&self.scope))
-            .bind(ids)
-            .bind(subjects)
-            .bind(payloads)
     }
 
     /// `complete`: the completion alone, as one autocommitted statement (one round trip).

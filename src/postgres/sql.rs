@@ -71,6 +71,23 @@ impl Sql {
         let (outbox, dead) = (&names.outbox, &names.dead_letters);
         let message = "seq, id, subject, payload, committed_ms";
         let pk = "r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+        // The completion's CTEs (`$1..$9`; `done` has a row only if the holder's fence still
+        // holds the record) and its answer (`$10` the notification's payload), shared by the
+        // plain completion and the one that publishes.
+        let completing = format!(
+            "t AS (SELECT {now6} AS now),
+             done AS (
+                 UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
+                     expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
+                     checkpoint = NULL, status = $7, headers = $8, body = $9
+                 FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+                 RETURNING r.completed_ms, r.waiters)",
+            now6 = now(6)
+        );
+        let notify_done = format!(
+            "SELECT done.completed_ms FROM done
+             LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true"
+        );
         Sql {
             // One statement decides and writes. A conflict updates only when the scope may
             // be claimed: an expired lease of the same request (a take-over: attempt + 1,
@@ -115,30 +132,12 @@ impl Sql {
             // The notification is sent only if the update happened and someone waits for it
             // (`waiters`), and only on commit. Not for every completion: PostgreSQL serializes
             // the commits of transactions that notify, which would undo its group commit.
-            complete: format!(
-                "WITH t AS (SELECT {now6} AS now),
-                 done AS (
-                     UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
-                         expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
-                         checkpoint = NULL, status = $7, headers = $8, body = $9
-                     FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                     RETURNING r.completed_ms, r.waiters)
-                 SELECT done.completed_ms FROM done
-                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true",
-                now6 = now(6)
-            )
-            .into(),
+            complete: format!("WITH {completing} {notify_done}").into(),
             // The messages go in only if the completion updated the record (a stale commit
             // rolls back anyway), stamped with its time; ordinality keeps the arrays' order,
             // so seqs follow the publishing order.
             complete_publishing: format!(
-                "WITH t AS (SELECT {now6} AS now),
-                 done AS (
-                     UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
-                         expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
-                         checkpoint = NULL, status = $7, headers = $8, body = $9
-                     FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                     RETURNING r.completed_ms, r.waiters),
+                "WITH {completing},
                  sent AS (
                      INSERT INTO {outbox} (id, subject, payload, committed_ms)
                      SELECT m.id, m.subject, m.payload, done.completed_ms
@@ -146,9 +145,7 @@ impl Sql {
                               WITH ORDINALITY AS m(id, subject, payload, n),
                           done
                      ORDER BY m.n)
-                 SELECT done.completed_ms FROM done
-                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true",
-                now6 = now(6)
+                 {notify_done}"
             )
             .into(),
             release: format!(
