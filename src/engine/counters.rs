@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::metrics;
 use crate::model::begin::Begin;
+use crate::model::outcomes::Outcomes;
 use crate::model::stats::{GROUP_SIZE_BUCKETS, Stats};
 
 #[derive(Debug)]
@@ -31,18 +32,8 @@ pub(crate) struct Counters {
     pub(crate) last_checkpoint_ms: AtomicU64,
     /// Log bytes written since the last checkpoint, as of the last epoch.
     pub(crate) log_since_checkpoint: AtomicU64,
-    /// `begin` outcomes.
-    pub(crate) claims: AtomicU64,
-    pub(crate) recoveries: AtomicU64,
-    pub(crate) replays: AtomicU64,
-    pub(crate) in_progress: AtomicU64,
-    pub(crate) mismatches: AtomicU64,
-    pub(crate) expired: AtomicU64,
-    /// Operations refused because the claim's fence was stale.
-    pub(crate) stale: AtomicU64,
-    /// Completed records evicted, and tombstones removed.
-    pub(crate) evicted: AtomicU64,
-    pub(crate) tombstones_removed: AtomicU64,
+    /// `begin` answers, stale refusals, evictions: counted as on every backend.
+    pub(crate) outcomes: Outcomes,
     /// Commits and releases acknowledged (durable).
     pub(crate) commits: AtomicU64,
     pub(crate) releases: AtomicU64,
@@ -62,15 +53,7 @@ impl Default for Counters {
             epochs: AtomicU64::default(),
             last_checkpoint_ms: AtomicU64::default(),
             log_since_checkpoint: AtomicU64::default(),
-            claims: AtomicU64::default(),
-            recoveries: AtomicU64::default(),
-            replays: AtomicU64::default(),
-            in_progress: AtomicU64::default(),
-            mismatches: AtomicU64::default(),
-            expired: AtomicU64::default(),
-            stale: AtomicU64::default(),
-            evicted: AtomicU64::default(),
-            tombstones_removed: AtomicU64::default(),
+            outcomes: Outcomes::default(),
             commits: AtomicU64::default(),
             releases: AtomicU64::default(),
         }
@@ -87,17 +70,7 @@ impl Counters {
         took: std::time::Duration,
     ) {
         metrics::begin(answer.outcome(), tenant, took);
-        Self::add(
-            match answer {
-                Begin::Claimed(_) => &self.claims,
-                Begin::Recovered(_) => &self.recoveries,
-                Begin::Replay(_) => &self.replays,
-                Begin::InProgress { .. } => &self.in_progress,
-                Begin::Mismatch => &self.mismatches,
-                Begin::Expired { .. } => &self.expired,
-            },
-            1,
-        );
+        self.outcomes.answered(answer);
     }
 
     /// Fills in a [`Stats`]'s counters kept since open.
@@ -106,15 +79,7 @@ impl Counters {
         stats.log_bytes = get(&self.log_bytes);
         stats.checkpoints = get(&self.checkpoints);
         stats.restores = get(&self.restores);
-        stats.claims = get(&self.claims);
-        stats.recoveries = get(&self.recoveries);
-        stats.replays = get(&self.replays);
-        stats.in_progress_answers = get(&self.in_progress);
-        stats.mismatches = get(&self.mismatches);
-        stats.expired_answers = get(&self.expired);
-        stats.stale_rejections = get(&self.stale);
-        stats.evicted = get(&self.evicted);
-        stats.tombstones_removed = get(&self.tombstones_removed);
+        self.outcomes.fill(stats);
         stats.groups_committed = get(&self.groups_committed);
         stats.epochs = get(&self.epochs);
         for (out, bucket) in stats.group_sizes.iter_mut().zip(&self.group_sizes) {
@@ -147,14 +112,13 @@ impl Counters {
 
     /// Counts a refusal of a stale claim.
     pub(crate) fn stale(&self) {
-        Self::add(&self.stale, 1);
+        self.outcomes.stale();
         metrics::count(metrics::STALE, 1);
     }
 
     /// Counts what an eviction pass removed.
     pub(crate) fn evicted(&self, records: u64, tombstones: u64) {
-        Self::add(&self.evicted, records);
-        Self::add(&self.tombstones_removed, tombstones);
+        self.outcomes.evicted(records, tombstones);
         metrics::count(metrics::EVICTED, records);
         metrics::count(metrics::TOMBSTONES_REMOVED, tombstones);
     }

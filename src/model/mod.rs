@@ -13,6 +13,7 @@ pub mod limits;
 pub(crate) mod maintenance;
 pub(crate) mod memory;
 pub(crate) mod message;
+pub(crate) mod outcomes;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod scope;

@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
@@ -140,7 +139,7 @@ impl PgClaim {
                 }
             }
         };
-        inner.counters.stale.fetch_add(1, Ordering::Relaxed);
+        inner.counters.stale();
         Ok(StaleClaim {
             scope: self.scope.clone(),
             fence: self.fence,

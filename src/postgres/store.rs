@@ -3,7 +3,6 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
@@ -23,6 +22,7 @@ use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
 use crate::model::maintenance::{Abandoned, Backlog, Evicted};
+use crate::model::outcomes::Outcomes;
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 
@@ -160,7 +160,8 @@ pub(crate) struct Inner {
     pub(crate) names: Names,
     pub(crate) sql: Sql,
     pub(crate) config: Config,
-    pub(crate) counters: Counters,
+    /// Answers since open, in this process.
+    pub(crate) counters: Outcomes,
     /// Completions and releases announced by the database, for `begin_or_wait`.
     pub(crate) wakeups: Wakeups,
     sweeper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -171,47 +172,6 @@ impl Drop for Inner {
         if let Some(task) = self.sweeper.lock().take() {
             task.abort();
         }
-    }
-}
-
-/// Answers since open, in this process.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    claims: AtomicU64,
-    recoveries: AtomicU64,
-    replays: AtomicU64,
-    in_progress: AtomicU64,
-    mismatches: AtomicU64,
-    expired: AtomicU64,
-    pub(crate) stale: AtomicU64,
-    evicted: AtomicU64,
-    tombstones_removed: AtomicU64,
-}
-
-impl Counters {
-    fn count<C>(&self, answer: &Begin<C>) {
-        let counter = match answer {
-            Begin::Claimed(_) => &self.claims,
-            Begin::Recovered(_) => &self.recoveries,
-            Begin::Replay(_) => &self.replays,
-            Begin::InProgress { .. } => &self.in_progress,
-            Begin::Mismatch => &self.mismatches,
-            Begin::Expired { .. } => &self.expired,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn fill(&self, stats: &mut Stats) {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        stats.claims = get(&self.claims);
-        stats.recoveries = get(&self.recoveries);
-        stats.replays = get(&self.replays);
-        stats.in_progress_answers = get(&self.in_progress);
-        stats.mismatches = get(&self.mismatches);
-        stats.expired_answers = get(&self.expired);
-        stats.stale_rejections = get(&self.stale);
-        stats.evicted = get(&self.evicted);
-        stats.tombstones_removed = get(&self.tombstones_removed);
     }
 }
 
@@ -246,7 +206,7 @@ impl PgStore {
                 names,
                 sql,
                 config,
-                counters: Counters::default(),
+                counters: Outcomes::default(),
                 wakeups: Wakeups::new(),
                 sweeper: parking_lot::Mutex::new(None),
             }),
@@ -304,7 +264,7 @@ impl PgStore {
                 } else {
                     Begin::Recovered(claim)
                 };
-                inner.counters.count(&answer);
+                inner.counters.answered(&answer);
                 return Ok(answer);
             }
             let found = timed(
@@ -324,7 +284,7 @@ impl PgStore {
             let decided = decide(Some(&record), &fingerprint, now, config.tombstone_ttl);
             // `None`: the record became claimable between the two statements.
             if let Some(answer) = Begin::without_writing(decided) {
-                inner.counters.count(&answer);
+                inner.counters.answered(&answer);
                 return Ok(answer);
             }
         }
@@ -367,12 +327,7 @@ impl PgStore {
             .await?;
         inner
             .counters
-            .evicted
-            .fetch_add(removed as u64, Ordering::Relaxed);
-        inner
-            .counters
-            .tombstones_removed
-            .fetch_add(tombstones_removed as u64, Ordering::Relaxed);
+            .evicted(removed as u64, tombstones_removed as u64);
         Ok(Evicted {
             removed,
             tombstones_removed,
