@@ -48,6 +48,16 @@ fn fast(max_attempts: u32) -> RelayConfig {
         .idle_poll(Duration::from_millis(1))
 }
 
+/// Waits up to about 8 s for `done`; the assertions that follow say what did not happen.
+async fn wait_for(mut done: impl FnMut() -> bool) {
+    for _ in 0..4_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
 /// Commits one order per payload, each publishing its payload on `subject`.
 fn commit_all(store: &Store, subject: &str, payloads: &[&str]) -> TestResult {
     for (i, payload) in payloads.iter().enumerate() {
@@ -83,12 +93,7 @@ async fn an_outage_dead_letters_nothing_and_keeps_order() -> TestResult {
         refused: AtomicU32::new(0),
     });
     let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
-    for _ in 0..4_000 {
-        if sink.accepted.lock().len() == 20 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_for(|| sink.accepted.lock().len() == 20).await;
     let stats = relay.stats();
     relay.stop().await;
 
@@ -146,12 +151,10 @@ async fn a_poison_message_is_still_dead_lettered_after_an_outage() -> TestResult
         refused: AtomicU32::new(0),
     });
     let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
-    for _ in 0..4_000 {
-        if sink.accepted.lock().len() == 2 && !store.dead_letters(1)?.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_for(|| {
+        sink.accepted.lock().len() == 2 && store.dead_letters(1).is_ok_and(|d| !d.is_empty())
+    })
+    .await;
     relay.stop().await;
     let accepted: Vec<Vec<u8>> = sink
         .accepted
@@ -199,12 +202,7 @@ async fn a_sink_that_does_not_answer_is_down_not_the_message() -> TestResult {
     });
     let config = fast(2).attempt_timeout(Duration::from_millis(20));
     let relay = Relay::start(&store, HangingHandle(sink.clone()), config);
-    for _ in 0..4_000 {
-        if sink.accepted.lock().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_for(|| sink.accepted.lock().len() == 2).await;
     let stats = relay.stats();
     relay.stop().await;
     let accepted: Vec<Vec<u8>> = sink
