@@ -210,9 +210,10 @@ async fn run<B: OutboxSource, S: Sink>(
         // new messages of other subjects, but not every idle_poll when nothing moved (each
         // look reads the batch again, payloads and all).
         let now = Instant::now();
-        let cap = match progressed {
-            true => config.idle_poll,
-            false => config.idle_poll.max(BLOCKED_POLL),
+        let cap = if progressed {
+            config.idle_poll
+        } else {
+            config.idle_poll.max(BLOCKED_POLL)
         };
         let sleep = wake.map_or(config.idle_poll, |at| {
             at.saturating_duration_since(now)
