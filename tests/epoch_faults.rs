@@ -162,11 +162,14 @@ fn epoch(
     // Each request answers through a channel, waited on with a bound: a request the store
     // never answers is a failure, not a hung test.
     let (answered, answers) = std::sync::mpsc::channel();
+    // Joined before returning: each thread holds a clone of the store until it ends, and a
+    // caller that drops its own and reopens must find the file free.
+    let mut threads = Vec::with_capacity(GROUPS);
     {
         let store = store.clone();
         let held = held.clone();
         let answered = answered.clone();
-        std::thread::spawn(move || {
+        threads.push(std::thread::spawn(move || {
             let result = store.write(move |tx| {
                 let start = Instant::now();
                 let _ = started.send(());
@@ -176,7 +179,7 @@ fn epoch(
                 put(tx, first, 0)
             });
             let _ = answered.send((0, result));
-        });
+        }));
     }
     began
         .recv_timeout(Duration::from_secs(20))
@@ -184,10 +187,10 @@ fn epoch(
     for (i, &row) in rows.iter().enumerate().skip(1) {
         let store_for_thread = store.clone();
         let answered = answered.clone();
-        std::thread::spawn(move || {
+        threads.push(std::thread::spawn(move || {
             let result = store_for_thread.write(move |tx| put(tx, row, i as u64));
             let _ = answered.send((i, result));
-        });
+        }));
         // One at a time: each is its own group, in this order. (Once the last is queued, the
         // first request lets the writer go, so it is not waited for here.)
         if i < GROUPS - 1 {
@@ -200,6 +203,9 @@ fn epoch(
             .recv_timeout(Duration::from_secs(60))
             .map_err(|_| format!("a request was never answered: {results:?}"))?;
         results[i] = Some(result);
+    }
+    for thread in threads {
+        thread.join().map_err(|_| "a request thread panicked")?;
     }
     let mut outcomes = Vec::new();
     for (&row, result) in rows.iter().zip(results) {
