@@ -1,10 +1,11 @@
-//! An arbitrary workload, crash point and fault kind, checked against the reference model in
-//! `idemstore::testing` (the same body the crash matrix test runs on stable).
+//! An arbitrary workload, crash point and fault kind (and a second fault while the store heals
+//! from the first), checked against the reference model in `idemstore::testing` (the same
+//! body the crash matrix test runs on stable).
 #![no_main]
 
 use arbitrary::Arbitrary;
 use idemstore::Durability;
-use idemstore::testing::{CrashCase, CrashOp, Fault, Tear, run_case};
+use idemstore::testing::{CrashCase, CrashOp, Fault, SecondFault, Tear, Then, run_case};
 use libfuzzer_sys::fuzz_target;
 
 /// Longest workload tried: long enough for checkpoints and segment reuse, short enough that
@@ -20,6 +21,15 @@ enum FuzzFault {
     FailAt(u16),
     FailSync(u8),
     FullAt(u16),
+}
+
+/// A second fault, some operations after the first.
+#[derive(Debug, Arbitrary)]
+enum FuzzThen {
+    None,
+    Fail(u8),
+    Full(u8),
+    Crash(u8),
 }
 
 #[derive(Debug, Arbitrary)]
@@ -40,6 +50,7 @@ enum FuzzOp {
 struct Input {
     redb_mode: bool,
     fault: FuzzFault,
+    then: FuzzThen,
     torn_sectors: u8,
     ops: Vec<FuzzOp>,
 }
@@ -105,8 +116,22 @@ fuzz_target!(|input: Input| {
             0 => Tear::Drop,
             n => Tear::Sectors(u64::from(n)),
         },
+        then: match input.then {
+            FuzzThen::None => None,
+            FuzzThen::Fail(n) => second(n, SecondFault::Fail),
+            FuzzThen::Full(n) => second(n, SecondFault::Full),
+            FuzzThen::Crash(n) => second(n, SecondFault::Crash),
+        },
     };
     if let Err(violation) = run_case(&case) {
         panic!("{violation}\n{case:?}");
     }
 });
+
+/// A second fault `1 + n % 32` operations after the first: within the heal that follows it.
+fn second(n: u8, fault: SecondFault) -> Option<Then> {
+    Some(Then {
+        after: 1 + u64::from(n % 32),
+        fault,
+    })
+}

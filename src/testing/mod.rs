@@ -16,9 +16,11 @@ pub mod postgres;
 mod sim_disk;
 mod workload;
 
-pub use crash::{CaseReport, CrashCase, CrashOp, Fault, Violation, run_case};
+pub use crash::{
+    CaseReport, CrashCase, CrashOp, Fault, REOPENS, Violation, run_case, second_faults,
+};
 pub use log_decode::{build_segment, check_log_decode};
-pub use sim_disk::{DiskCounters, FaultPlan, SimDisk, Tear};
+pub use sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};
 pub use workload::{Rng, workload};
 
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against

@@ -10,6 +10,15 @@
 //!
 //! Faults can also be a full disk: a write, a length change or a sync that fails with
 //! `StorageFull` once, with the disk working normally after it.
+//!
+//! A failed sync behaves as Linux's page cache does after a failed `fsync` (PostgreSQL's
+//! "fsyncgate"): the writes it was to make durable are marked clean and **never** reach the
+//! disk, not even with a later sync that succeeds, while reads keep returning them. A store
+//! that reads such bytes back and builds on them loses them at the next crash.
+//!
+//! A plan can chain a second fault to the first ([`FaultPlan::then`]): once the first fires,
+//! another (a crash, an I/O error or a full disk) is armed a given number of operations later,
+//! to hit the store while it heals, checkpoints or reopens.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -36,6 +45,29 @@ pub struct FaultPlan {
     pub log_sync_latency: Option<std::time::Duration>,
     /// Operation `n` fails once with `StorageFull` (a full disk that someone then frees).
     pub full_at: Option<u64>,
+    /// A second fault, armed when one of `fail_at`, `fail_sync` or `full_at` fires.
+    pub then: Option<Then>,
+}
+
+/// A fault that follows the first one of a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Then {
+    /// How many mutating operations after the first fault it hits: 1 is the next one.
+    pub after: u64,
+    /// What happens then.
+    pub fault: SecondFault,
+}
+
+/// What a chained fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecondFault {
+    /// The machine loses power: that operation and every later one fail.
+    Crash,
+    /// That operation fails once with an I/O error (a sync that fails this way loses its
+    /// writes, as any failed sync).
+    Fail,
+    /// That operation fails once with `StorageFull`.
+    Full,
 }
 
 /// What a crash does to the write that was in flight.
@@ -60,6 +92,10 @@ pub struct DiskCounters {
     pub log_syncs: u64,
     /// `sync_data` calls on the database file.
     pub db_syncs: u64,
+    /// Planned faults that fired (a crash counts once).
+    pub faults: u64,
+    /// Syncs that failed: their writes are lost to the disk.
+    pub failed_syncs: u64,
 }
 
 impl DiskCounters {
@@ -85,6 +121,9 @@ struct SimFile {
     /// The furthest byte ever written: the blocks the file holds (a length change makes
     /// holes, not blocks).
     allocated: u64,
+    /// The durable file this one replaced by a rename whose directory entry is not durable
+    /// yet: what a crash keeps under this name.
+    replaced: Option<Box<SimFile>>,
 }
 
 #[derive(Debug, Default)]
@@ -176,21 +215,30 @@ impl SimDisk {
         let mut files: BTreeMap<String, SimFile> = state
             .files
             .iter()
-            .filter(|(name, f)| f.entry_durable && survives(name))
-            .map(|(name, f)| {
-                (
+            .filter(|(name, _)| survives(name))
+            .filter_map(|(name, f)| {
+                let kept = if f.entry_durable {
+                    f
+                } else {
+                    f.replaced.as_deref()?
+                };
+                Some((
                     name.clone(),
                     SimFile {
-                        live: f.durable.clone(),
-                        durable: f.durable.clone(),
+                        live: kept.durable.clone(),
+                        durable: kept.durable.clone(),
                         pending: Vec::new(),
                         entry_durable: true,
-                        allocated: f.durable.len() as u64,
+                        allocated: kept.durable.len() as u64,
+                        replaced: None,
                     },
-                )
+                ))
             })
             .collect();
+        let torn_file_survives =
+            |name: &str| state.files.get(name).is_some_and(|f| f.entry_durable);
         if let (Tear::Sectors(n), Some((name, offset, data))) = (tear, &state.in_flight)
+            && torn_file_survives(name)
             && let Some(file) = files.get_mut(name)
         {
             // Keep whole sectors from the start of the write.
@@ -233,20 +281,37 @@ impl SimDisk {
         let op = state.counters.ops;
         if state.plan.crash_at.is_some_and(|at| op >= at) {
             state.crashed = true;
+            state.counters.faults += 1;
             return Err(crash_error());
         }
         if state.plan.fail_at == Some(op) {
+            Self::fired(state);
             return Err(io::Error::other(format!(
                 "injected I/O error at operation {op}"
             )));
         }
         if state.plan.full_at == Some(op) {
+            Self::fired(state);
             return Err(io::Error::new(
                 io::ErrorKind::StorageFull,
                 format!("injected full disk at operation {op}"),
             ));
         }
         Ok(())
+    }
+
+    /// A planned fault fired at the current operation: arms the chained one, if any.
+    fn fired(state: &mut DiskState) {
+        state.counters.faults += 1;
+        let Some(then) = state.plan.then.take() else {
+            return;
+        };
+        let at = state.counters.ops + then.after.max(1);
+        match then.fault {
+            SecondFault::Crash => state.plan.crash_at = Some(at),
+            SecondFault::Fail => state.plan.fail_at = Some(at),
+            SecondFault::Full => state.plan.full_at = Some(at),
+        }
     }
 
     fn read(&self, name: &str, offset: u64, out: &mut [u8]) -> io::Result<()> {
@@ -315,17 +380,37 @@ impl SimDisk {
             std::thread::sleep(latency);
         }
         let mut state = self.lock();
-        Self::mutate(&mut state)?;
-        if name.starts_with("wal/") {
-            state.counters.log_syncs += 1;
-        } else {
-            state.counters.db_syncs += 1;
+        let counted = Self::mutate(&mut state);
+        if counted.is_ok() {
+            if name.starts_with("wal/") {
+                state.counters.log_syncs += 1;
+            } else {
+                state.counters.db_syncs += 1;
+            }
         }
-        if state.plan.fail_sync == Some(state.counters.syncs()) {
-            return Err(io::Error::other(format!(
-                "injected sync failure (sync {})",
-                state.counters.syncs()
-            )));
+        let failed = match counted {
+            Err(e) if state.crashed => return Err(e),
+            Err(e) => Some(e),
+            Ok(()) if state.plan.fail_sync == Some(state.counters.syncs()) => {
+                Self::fired(&mut state);
+                Some(io::Error::other(format!(
+                    "injected sync failure (sync {})",
+                    state.counters.syncs()
+                )))
+            }
+            Ok(()) => None,
+        };
+        let in_flight_here = state.in_flight.as_ref().is_some_and(|(n, _, _)| n == name);
+        if let Some(error) = failed {
+            // The page cache marks the writes clean: reads still see them, the disk never will.
+            state.counters.failed_syncs += 1;
+            if let Some(file) = state.files.get_mut(name) {
+                file.pending.clear();
+            }
+            if in_flight_here {
+                state.in_flight = None;
+            }
+            return Err(error);
         }
         if let Some(file) = state.files.get_mut(name) {
             for op in file.pending.drain(..) {
@@ -340,7 +425,7 @@ impl SimDisk {
                 }
             }
         }
-        if state.in_flight.as_ref().is_some_and(|(n, _, _)| n == name) {
+        if in_flight_here {
             state.in_flight = None;
         }
         Ok(())
@@ -369,6 +454,7 @@ impl SimDisk {
         };
         for (_, file) in state.files.iter_mut().filter(|(n, _)| in_dir(n)) {
             file.entry_durable = true;
+            file.replaced = None;
         }
         for (_, durable) in state.dirs.iter_mut().filter(|(n, _)| in_dir(n)) {
             *durable = true;
@@ -417,13 +503,21 @@ impl SimDisk {
         self.lock().files.remove(name);
     }
 
-    /// Renames a file. The new entry is durable only after the directory is synced; until
-    /// then a crash loses the file under both names (the rename is of a new file only).
+    /// Renames a file, replacing any file at `to`. The new entry is durable only after the
+    /// directory is synced: until then a crash keeps what `to` was before (a durable file it
+    /// replaced, or nothing), and the renamed file is lost under both names.
     pub(crate) fn rename(&self, from: &str, to: &str) -> io::Result<()> {
         let mut state = self.lock();
         Self::mutate(&mut state)?;
         let mut file = state.files.remove(from).ok_or(io::ErrorKind::NotFound)?;
         file.entry_durable = false;
+        file.replaced = state.files.remove(to).and_then(|old| {
+            if old.entry_durable {
+                Some(Box::new(old))
+            } else {
+                old.replaced
+            }
+        });
         if let Some((name, _, _)) = state.in_flight.as_mut()
             && name == from
         {
@@ -444,6 +538,30 @@ impl SimDisk {
             .filter_map(|n| n.strip_prefix(prefix))
             .map(str::to_owned)
             .collect())
+    }
+
+    /// Rewrites file `name` as `Storage::rewrite_database` does on a real disk: its bytes as
+    /// reads return them are written to `tmp`, which is synced and renamed over `name`, and the
+    /// directory is synced. Each step is a disk operation, so planned faults hit it too.
+    pub(crate) fn rewrite(&self, name: &str, tmp: &str) -> io::Result<()> {
+        const CHUNK: usize = 1 << 20;
+        self.remove(tmp);
+        let bytes = self.file(name).ok_or(io::ErrorKind::NotFound)?;
+        let copied = (|| {
+            for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+                self.write(tmp, (i * CHUNK) as u64, chunk)?;
+            }
+            if bytes.is_empty() {
+                self.set_len(tmp, 0)?;
+            }
+            self.sync(tmp)?;
+            self.rename(tmp, name)
+        })();
+        if let Err(e) = copied {
+            self.remove(tmp);
+            return Err(e);
+        }
+        self.sync_dir("")
     }
 
     /// The live bytes of a file, for tests that damage a log on purpose.
@@ -655,6 +773,7 @@ mod tests {
             fail_sync: None,
             log_sync_latency: None,
             full_at: None,
+            then: None,
         });
         assert!(disk.write("x", 0, b"1").is_err(), "op 1 fails once");
         assert!(disk.write("x", 0, b"2").is_ok());

@@ -15,6 +15,12 @@
 //!   written"), the rest of the workload runs and is checked as it goes, the live store is
 //!   checked at the end, and then so are a restart and a crash of it.
 //!
+//! A case can chain a second fault to the first ([`CrashCase::then`]): an I/O error, a full
+//! disk or a crash a chosen number of disk operations after the first fault, which lands while
+//! the store heals, checkpoints or reopens. After a second fault the harness calls
+//! `Store::reopen` (at most [`REOPENS`] times) while the store refuses writes, then settles the
+//! failed step as above; after a crash, the store is reopened from what the disk kept.
+//!
 //! During the run, every answer the store gives is also checked against the model.
 
 mod invariants;
@@ -27,7 +33,7 @@ use std::time::Duration;
 
 use redb::TableDefinition;
 
-use crate::testing::{FaultPlan, SimDisk, Tear};
+use crate::testing::{FaultPlan, SecondFault, SimDisk, Tear, Then};
 use crate::{Durability, ManualClock, Store, Timestamp};
 
 use self::invariants::{Probe, check, settle};
@@ -39,6 +45,9 @@ pub(super) const ROWS: TableDefinition<&str, u64> = TableDefinition::new("rows")
 pub(super) const LEASE: Duration = Duration::from_secs(10);
 pub(super) const TTL: Duration = Duration::from_secs(60);
 const START: Timestamp = Timestamp::from_millis(1_764_000_000_000);
+/// How many times, after a second fault, the harness asks a store that refuses writes to
+/// recover in place before it calls that a violation.
+pub const REOPENS: usize = 3;
 
 /// One step of a workload. Keys are small numbers so that steps collide often.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,6 +153,9 @@ pub struct CrashCase {
     pub fault: Fault,
     /// What the crash does to the write in flight.
     pub tear: Tear,
+    /// A second fault, armed when the first ([`Fault::FailAt`], [`Fault::FailSync`] or
+    /// [`Fault::FullAt`]) fires.
+    pub then: Option<Then>,
 }
 
 /// What a case did, for choosing crash points and for reports.
@@ -157,6 +169,8 @@ pub struct CaseReport {
     pub frames_replayed: u64,
     /// Steps that failed because of the fault (the process went on after them).
     pub failed_steps: usize,
+    /// Planned faults that fired (a second fault counts when it hit).
+    pub faults_fired: u64,
 }
 
 /// An invariant that did not hold, with the step and what was seen.
@@ -213,8 +227,9 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
     };
     let mut report = CaseReport::default();
     let mut in_flight = InFlight::Nothing;
+    let mut crashed = matches!(case.fault, Fault::CrashAt(_) | Fault::None);
     if let Ok(store) = open(&disk, case.durability, &clock) {
-        plan_after_open(&disk, case.fault);
+        plan_after_open(&disk, case.fault, case.then);
         let mut claims: Claims = BTreeMap::new();
         for (i, op) in case.ops.iter().enumerate() {
             match step(&store, &clock, &mut model, &mut claims, op) {
@@ -237,9 +252,30 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
                             "step {i} {op:?} failed ({error}, {landed:?}), in flight {effect:?}"
                         );
                     }
-                    if report.failed_steps > 1 {
+                    if case.then.is_some() {
+                        match recover_in_place(&store, &disk) {
+                            Healed::Yes => {}
+                            Healed::Crashed => {
+                                // The second fault was a crash: what the step did is settled
+                                // by the image the crash left.
+                                in_flight = effect;
+                                crashed = true;
+                                break;
+                            }
+                            Healed::No(e) => {
+                                return Err(violation(format!(
+                                    "step {i} {op:?} failed ({error}); {REOPENS} reopens later the store still refuses writes: {e}"
+                                )));
+                            }
+                        }
+                    } else if report.failed_steps > 1 {
                         return Err(violation(format!(
                             "step {i} {op:?} failed ({error}) after the one fault had passed: the store did not recover"
+                        )));
+                    }
+                    if report.failed_steps > 1 + 2 * REOPENS {
+                        return Err(violation(format!(
+                            "step {i} {op:?} failed ({error}): too many steps failed after two faults"
                         )));
                     }
                     settle(&store, &clock, &mut model, &effect, landed).map_err(|v| {
@@ -250,7 +286,7 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
                 }
             }
         }
-        if case.fault.process_goes_on() {
+        if !(crashed || disk.crashed()) {
             // The service resumed without a restart: the live store matches the model.
             check(&store, &clock, &model, &InFlight::Nothing, Probe::ReadOnly)
                 .map_err(|v| violation(format!("live, after the fault: {v}")))?;
@@ -258,13 +294,17 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
         drop(claims);
         report.disk_ops = disk.counters().ops;
         drop(store);
+        // A second fault may be a crash during the close's checkpoint.
+        crashed |= disk.crashed();
     } else {
         report.disk_ops = disk.counters().ops;
+        crashed = true;
     }
+    report.faults_fired = disk.counters().faults;
 
     // A crash keeps what was synced; a process that went on is also restarted, finding
     // everything the OS has (synced or not). Check both.
-    let images = if case.fault.process_goes_on() {
+    let images = if !crashed {
         vec![
             ("restart", disk.clone()),
             ("crash", disk.crash_image(case.tear)),
@@ -283,8 +323,40 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
     Ok(report)
 }
 
-/// Plans a fault counted from when the store is open.
-fn plan_after_open(disk: &SimDisk, fault: Fault) {
+/// Whether a store recovered in place after a failed step.
+enum Healed {
+    Yes,
+    /// The disk crashed: the case goes on from the image it left.
+    Crashed,
+    /// It still refuses writes, for this reason.
+    No(crate::StoreError),
+}
+
+/// After a failed step of a two-fault case: while the store refuses writes, asks it to
+/// recover in place, at most [`REOPENS`] times.
+fn recover_in_place(store: &Store, disk: &SimDisk) -> Healed {
+    for _ in 0..REOPENS {
+        if disk.crashed() {
+            return Healed::Crashed;
+        }
+        if store.writable().is_ok() {
+            return Healed::Yes;
+        }
+        if let Err(e) = store.reopen()
+            && std::env::var_os("IDEMSTORE_CRASH_TRACE").is_some()
+        {
+            eprintln!("reopen failed: {e}");
+        }
+    }
+    match (disk.crashed(), store.writable()) {
+        (true, _) => Healed::Crashed,
+        (false, Ok(())) => Healed::Yes,
+        (false, Err(e)) => Healed::No(e),
+    }
+}
+
+/// Plans a fault counted from when the store is open, and the one chained to it.
+fn plan_after_open(disk: &SimDisk, fault: Fault, then: Option<Then>) {
     let opened = disk.counters();
     let plan = match fault {
         Fault::FailAt(n) => FaultPlan {
@@ -301,5 +373,15 @@ fn plan_after_open(disk: &SimDisk, fault: Fault) {
         },
         Fault::None | Fault::CrashAt(_) => return,
     };
-    disk.plan(plan);
+    disk.plan(FaultPlan { then, ..plan });
+}
+
+/// Every second fault a two-fault matrix tries after a first one: each kind, at each of the
+/// next `ops` disk operations.
+pub fn second_faults(ops: u64) -> impl Iterator<Item = Then> {
+    (1..=ops).flat_map(|after| {
+        [SecondFault::Fail, SecondFault::Full, SecondFault::Crash]
+            .into_iter()
+            .map(move |fault| Then { after, fault })
+    })
 }
