@@ -56,6 +56,9 @@ pub(crate) enum JobKind {
     /// Recovers the store in place (closes and reopens the file, replays the log) between
     /// epochs; accepted while the store is poisoned.
     Reopen,
+    /// `Store::checkpoint`: runs in a group like a request, and is an attempt at the
+    /// checkpoint the writer owes (see `writer::Appends`) even while that one backs off.
+    Checkpoint,
 }
 
 /// `Store::reopen`: recover in place, answer what the recovery found.
@@ -154,6 +157,7 @@ where
 /// A job built from two closures: `work` computes the answer, `reply` delivers it.
 pub(crate) struct Task<W, R, S> {
     work: Option<W>,
+    kind: JobKind,
     /// The work's answer, or the message of a panic inside it.
     answer: Option<Result<R, String>>,
     reply: S,
@@ -165,14 +169,16 @@ where
     R: Send,
     S: FnOnce(Result<R, StoreError>) + Send,
 {
-    pub(crate) fn boxed(work: W, reply: S) -> Box<dyn Job>
+    pub(crate) fn boxed(work: W, kind: JobKind, reply: S) -> Box<dyn Job>
     where
         W: 'static,
         R: 'static,
         S: 'static,
     {
+        debug_assert_ne!(kind, JobKind::Reopen, "a reopen is a ReopenTask");
         Box::new(Task {
             work: Some(work),
+            kind,
             answer: None,
             reply,
         })
@@ -185,6 +191,10 @@ where
     R: Send,
     S: FnOnce(Result<R, StoreError>) + Send,
 {
+    fn kind(&self) -> JobKind {
+        self.kind
+    }
+
     fn run(&mut self, tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> Keep {
         let Some(work) = self.work.take() else {
             return Keep::Nothing;

@@ -11,7 +11,10 @@ use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTr
 use crate::error::OpenError;
 
 use super::registry::Registry;
-use super::tables::{FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_NEXT_FENCE};
+use super::tables::{
+    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, META_NEXT_FENCE,
+};
+use crate::wal::Checkpoint;
 
 const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);
 
@@ -20,8 +23,8 @@ const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);
 pub(crate) struct Meta {
     /// The next fence to hand out.
     pub(crate) next_fence: u64,
-    /// Sequence number of the last log frame that is durable in redb.
-    pub(crate) log_checkpoint: u64,
+    /// The last log frame that is durable in redb, and where the log goes on after it.
+    pub(crate) log_checkpoint: Checkpoint,
 }
 
 fn setup(e: impl Into<redb::Error>) -> OpenError {
@@ -71,16 +74,25 @@ pub(crate) fn load(db: &Database) -> Result<Meta, OpenError> {
     let txn = db.begin_write().map_err(setup)?;
     let meta = Meta {
         next_fence: read(&txn, META_NEXT_FENCE, "next_fence")?,
-        log_checkpoint: read(&txn, META_LOG_CHECKPOINT, "log_checkpoint")?,
+        log_checkpoint: Checkpoint {
+            seq: read(&txn, META_LOG_CHECKPOINT, "log_checkpoint")?,
+            segment: read_optional(&txn, META_LOG_SEGMENT, "log_segment")?,
+        },
     };
     txn.abort().map_err(setup)?;
     Ok(meta)
 }
 
-/// Records the log checkpoint inside `txn` (the checkpoint's own durable commit).
-pub(crate) fn set_log_checkpoint(txn: &WriteTransaction, seq: u64) -> Result<(), redb::Error> {
+/// Records the log checkpoint inside `txn` (the checkpoint's own durable commit): frames up to
+/// `seq` are in redb, and the log goes on in segment `segment` or a later one.
+pub(crate) fn set_log_checkpoint(
+    txn: &WriteTransaction,
+    seq: u64,
+    segment: u64,
+) -> Result<(), redb::Error> {
     let mut meta = txn.open_table(META_TABLE)?;
     meta.insert(META_LOG_CHECKPOINT, seq.to_le_bytes().as_slice())?;
+    meta.insert(META_LOG_SEGMENT, segment.to_le_bytes().as_slice())?;
     Ok(())
 }
 
@@ -92,14 +104,22 @@ fn put_u64(table: &mut Table<'_, &[u8], &[u8]>, key: &[u8], value: u64) -> Resul
 }
 
 fn read(txn: &WriteTransaction, key: &[u8], name: &'static str) -> Result<u64, OpenError> {
+    read_optional(txn, key, name)?.ok_or(OpenError::CorruptMeta {
+        key: name,
+        detail: "missing".into(),
+    })
+}
+
+/// An entry that may be absent (one a later version added), well formed if present.
+fn read_optional(
+    txn: &WriteTransaction,
+    key: &[u8],
+    name: &'static str,
+) -> Result<Option<u64>, OpenError> {
     let meta = txn.open_table(META_TABLE).map_err(setup)?;
-    let value = meta
-        .get(key)
-        .map_err(setup)?
-        .ok_or(OpenError::CorruptMeta {
-            key: name,
-            detail: "missing".into(),
-        })?;
+    let Some(value) = meta.get(key).map_err(setup)? else {
+        return Ok(None);
+    };
     let bytes: [u8; 8] = value
         .value()
         .try_into()
@@ -107,5 +127,5 @@ fn read(txn: &WriteTransaction, key: &[u8], name: &'static str) -> Result<u64, O
             key: name,
             detail: format!("{} bytes where 8 are expected", value.value().len()),
         })?;
-    Ok(u64::from_le_bytes(bytes))
+    Ok(Some(u64::from_le_bytes(bytes)))
 }

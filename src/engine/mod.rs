@@ -35,6 +35,7 @@ mod read_tx;
 mod registry;
 mod replay;
 mod requests;
+mod restore;
 mod scan;
 mod sweeper;
 mod tables;
@@ -58,8 +59,8 @@ pub use self::tx::{OwnedValue, Tx};
 #[cfg(feature = "cli")]
 pub(crate) mod layout {
     pub(crate) use super::tables::{
-        EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_NEXT_FENCE,
-        RECORDS, TOMBSTONES, index_key, split_index_key,
+        EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
+        META_NEXT_FENCE, RECORDS, TOMBSTONES, index_key, split_index_key,
     };
 }
 
@@ -84,7 +85,7 @@ use parking_lot::Mutex;
 use crate::error::OpenError;
 use crate::model::config::Config;
 use crate::model::limits::Limits;
-use crate::storage::Storage;
+use crate::storage::{Storage, SyncWatch};
 use crate::wal::RecoveryReport;
 
 use self::counters::Counters;
@@ -117,6 +118,8 @@ pub(crate) struct Shared {
     pub(crate) watchers: Arc<watchers::Watchers>,
     /// What the last recovery (at open, or in place) found in the log.
     pub(crate) recovery: Arc<Mutex<RecoveryReport>>,
+    /// Whether a sync of the database file failed since it was last written whole.
+    pub(crate) db_watch: Arc<SyncWatch>,
 }
 
 #[derive(Debug)]
@@ -147,11 +150,20 @@ impl Engine {
     fn start(storage: Storage, config: Config, tables: Tables) -> Result<Engine, OpenError> {
         let Tables { registry, internal } = tables;
         check_permissions(&storage, &config)?;
-        let db = storage.database(config.memory().redb_cache)?;
-        meta::set_up(&db, &registry, &storage.db_path())?;
+        let db_watch = Arc::new(SyncWatch::default());
+        // redb panics on some damaged files; every step that reads the file is guarded, so
+        // that a damaged store is an error that says so.
+        let db = restore::guarded(&storage, || {
+            storage.database(config.memory().redb_cache, &db_watch)
+        })?;
+        restore::guarded(&storage, || {
+            meta::set_up(&db, &registry, &storage.db_path())
+        })?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.
-        let caught_up = catch_up::catch_up(&db, &registry, &storage, &config)?;
+        let caught_up = restore::guarded(&storage, || {
+            catch_up::catch_up(&db, &registry, &storage, &config, None)
+        })?;
         log_opened(&caught_up.report);
 
         let config = Arc::new(config);
@@ -166,6 +178,7 @@ impl Engine {
             overlay: Arc::default(),
             watchers: Arc::default(),
             recovery: Arc::new(Mutex::new(caught_up.report)),
+            db_watch,
         };
         let writer = Writer::new(
             shared.clone(),

@@ -29,7 +29,8 @@ impl Engine {
     /// durable.
     pub(crate) fn run<R: Send + 'static>(&self, request: Request<R>) -> Result<R, StoreError> {
         let (answer, receiver) = sync_channel(1);
-        self.enqueue(Task::boxed(request.into_work(), move |result| {
+        let (work, kind) = request.into_parts();
+        self.enqueue(Task::boxed(work, kind, move |result| {
             // The caller may have given up waiting; nobody is left to tell.
             let _ = answer.send(result);
         }))?;
@@ -44,7 +45,8 @@ impl Engine {
         request: Request<R>,
     ) -> Result<R, StoreError> {
         let (answer, receiver) = tokio::sync::oneshot::channel();
-        let job = Task::boxed(request.into_work(), move |result| {
+        let (work, kind) = request.into_parts();
+        let job = Task::boxed(work, kind, move |result| {
             let _ = answer.send(result);
         });
         if let Offered::Full(queue, job) = self.offer(job)? {

@@ -14,7 +14,7 @@ use crate::model::response::Response;
 use crate::model::scope::Scope;
 
 use super::context::{Context, Needs};
-use super::job::{Keep, Work};
+use super::job::{JobKind, Keep, Work};
 use super::lifecycle::{
     self, CommitRefusal, Extension, ForgetRefusal, Held, Refusal, UserFailure, UserWork,
 };
@@ -22,15 +22,22 @@ use super::tx::Tx;
 
 /// One write for the writer's next group, answered with an `R` once the group is durable.
 #[must_use = "a request does nothing until the engine runs it"]
-pub(crate) struct Request<R>(Box<dyn Work<R>>);
+pub(crate) struct Request<R> {
+    work: Box<dyn Work<R>>,
+    kind: JobKind,
+}
 
 impl<R> Request<R> {
     pub(super) fn new(work: impl Work<R>) -> Self {
-        Request(Box::new(work))
+        Request {
+            work: Box::new(work),
+            kind: JobKind::Request,
+        }
     }
 
-    pub(super) fn into_work(self) -> Box<dyn Work<R>> {
-        self.0
+    /// The work, and what the writer does with it.
+    pub(super) fn into_parts(self) -> (Box<dyn Work<R>>, JobKind) {
+        (self.work, self.kind)
     }
 }
 
@@ -117,7 +124,10 @@ pub(super) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
 
 /// Everything acknowledged made durable in redb itself (a checkpoint of the log).
 pub(crate) fn checkpoint_log() -> Request<()> {
-    needs(Needs::Checkpointed)
+    Request {
+        kind: JobKind::Checkpoint,
+        ..needs(Needs::Checkpointed)
+    }
 }
 
 /// Everything acknowledged made visible to redb read transactions.

@@ -189,8 +189,7 @@ impl Engine {
         read: impl FnOnce(&ReadTransaction) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let db = self.shared.db.read(&self.shared.poison)?;
-        let txn = db.begin_read()?;
-        read(&txn)
+        unpanicked(|| read(&db.begin_read()?))
     }
 
     /// The stored record of a scope (expired records included): from the overlay if a durable
@@ -234,12 +233,24 @@ impl Engine {
 
 /// The scope's record in redb's published state.
 fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
-    let txn = db.begin_read()?;
-    let table = txn.open_table(raw(RECORDS))?;
-    table
-        .get(scope.encode())?
-        .map(|bytes| decode_stored(scope.encode(), bytes.value()))
-        .transpose()
+    unpanicked(|| {
+        let txn = db.begin_read()?;
+        let table = txn.open_table(raw(RECORDS))?;
+        table
+            .get(scope.encode())?
+            .map(|bytes| decode_stored(scope.encode(), bytes.value()))
+            .transpose()
+    })
+}
+
+/// Runs a read of the file, turning a panic inside redb (which some damaged files cause) into
+/// an error that says the file is damaged: a read must never take the caller's thread down.
+fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
+        Err(StoreError::Damaged {
+            detail: super::job::panic_message(panic.as_ref()),
+        })
+    })
 }
 
 /// `created_at` of the in-progress record whose lease ends first.

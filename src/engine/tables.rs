@@ -36,6 +36,11 @@ pub(crate) const META_NEXT_FENCE: &[u8] = b"next_fence";
 pub(crate) const META_NEXT_MESSAGE: &[u8] = b"next_message";
 /// Meta key: the sequence number of the last log frame durable in redb (u64 LE).
 pub(crate) const META_LOG_CHECKPOINT: &[u8] = b"log_checkpoint";
+/// Meta key: the number of the log segment that holds (or was about to hold) the frame after
+/// the checkpoint (u64 LE), written with it: recovery reads the log from that segment on and
+/// proves every later one continues the chain. Absent in stores whose last checkpoint predates
+/// it: recovery then reads every segment.
+pub(crate) const META_LOG_SEGMENT: &[u8] = b"log_segment";
 
 /// The layout of records, indexes, meta and log this build writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;

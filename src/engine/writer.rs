@@ -46,20 +46,22 @@ use super::tx::Tx;
 use crate::error::StoreError;
 use crate::model::clock::Timestamp;
 use crate::model::config::{Durability, SelfHeal};
+use crate::storage::LogDir;
 use crate::storage::Storage;
 use crate::wal::{
-    self, FailedOutcome, Handoff, Log, LogFailure, LogThread, RecoveryReport, Submission,
+    self, FailedOutcome, Handoff, Log, LogFailure, LogStart, LogThread, Submission, Unsynced,
 };
 
 use super::Shared;
 use super::backoff::Backoff;
-use super::catch_up::{self, CaughtUp};
+use super::catch_up;
 use super::context::{Context, Needs};
 use super::counters::Counters;
 use super::job::{Job, JobKind, Keep, panic_message};
 use super::open_tables::OpenTables;
 use super::poison::PanicGuard;
 use super::replay;
+use super::restore::Reopen;
 use super::write_set::WriteSet;
 
 /// How long an epoch waits for more work before publishing: long enough for clients that were
@@ -96,6 +98,9 @@ struct Epoch {
     after_publish: Vec<(u64, Box<dyn Job>)>,
     /// Set when a group's writes failed to apply: the transaction holds part of them.
     tainted: Option<StoreError>,
+    /// The requests of that group, answered with its error once the epoch is rebuilt (or the
+    /// store restored): whoever hears of the failure finds the store taking writes again.
+    refused: Vec<Box<dyn Job>>,
 }
 
 impl Epoch {
@@ -108,31 +113,37 @@ impl Epoch {
             logged: Vec::new(),
             after_publish: Vec::new(),
             tainted: None,
+            refused: Vec::new(),
         }
     }
 }
 
-/// Whether recovering in place reopens the redb file.
+/// Whether the writer may append to the log now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Reopen {
-    /// Only if redb latched an error (it then refuses everything until reopened).
-    IfNeeded,
-    /// Always: `Store::reopen`, and after a panic inside redb.
-    Always,
+pub(crate) enum Appends {
+    /// Every frame in the log was synced by this process, or a durable checkpoint covers it.
+    Open,
+    /// The log holds frames this process found at open and did not sync itself; after a failed
+    /// `fsync` the page cache can show a frame the disk never got, so a durable checkpoint must
+    /// cover them before a new frame rests on them.
+    AfterCheckpoint,
 }
 
 pub(crate) struct Writer {
-    shared: Shared,
-    storage: Storage,
-    next_fence: u64,
+    pub(super) shared: Shared,
+    pub(super) storage: Storage,
+    pub(super) next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
     /// The log thread, in `Wal` mode (`None` only while a restore failed).
-    log: Option<LogThread<Group>>,
+    pub(super) log: Option<LogThread<Group>>,
+    /// The frame whose sync failed, until a restore has checkpointed it from this copy.
+    pub(super) unsynced: Option<Unsynced>,
+    pub(super) appends: Appends,
     last_checkpoint: Instant,
     /// After a failed checkpoint, when to try again.
     checkpoint_retry: Backoff,
     /// While poisoned, when to try recovering in place again.
-    heal_retry: Backoff,
+    pub(super) heal_retry: Backoff,
 }
 
 impl Writer {
@@ -141,19 +152,27 @@ impl Writer {
         storage: Storage,
         next_fence: u64,
         queue: Receiver<Box<dyn Job>>,
-        log: Option<Log>,
+        log: Option<(Box<dyn LogDir>, LogStart)>,
     ) -> std::io::Result<Self> {
         let heal = match shared.config.self_heal {
             SelfHeal::Backoff { first, max } => (first, max),
             SelfHeal::Off => (Duration::MAX, Duration::MAX),
         };
-        let log = log.map(|log| start_log(&shared, log)).transpose()?;
+        let log = log
+            .map(|(dir, start)| start_log(&shared, Log::start(dir, start)))
+            .transpose()?;
+        let appends = match &log {
+            Some(log) if log.since_checkpoint() > 0 => Appends::AfterCheckpoint,
+            _ => Appends::Open,
+        };
         let mut writer = Writer {
             shared,
             storage,
             next_fence,
             queue,
             log,
+            unsynced: None,
+            appends,
             last_checkpoint: Instant::now(),
             checkpoint_retry: Backoff::new(CHECKPOINT_RETRY.0, CHECKPOINT_RETRY.1),
             heal_retry: Backoff::new(heal.0, heal.1),
@@ -164,7 +183,7 @@ impl Writer {
 
     /// Frames replayed at open (or by a restore) are in redb without a sync, and their segments
     /// cannot be reused until a checkpoint: take one at the first chance.
-    fn checkpoint_soon_if_replayed(&mut self) {
+    pub(super) fn checkpoint_soon_if_replayed(&mut self) {
         if self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0) {
             let interval = self.shared.config.checkpoint_interval;
             self.last_checkpoint = Instant::now()
@@ -205,6 +224,10 @@ impl Writer {
             }
             self.drain(&mut group);
             self.reopen_if_asked(&mut group);
+            if group.is_empty() {
+                self.timers();
+                continue;
+            }
             // A panic here is a bug in the store or in code it calls outside a request (a key
             // type's ordering while a group is applied is caught closer). The jobs it held are
             // dropped, and their callers see the poison; the writer recovers and goes on.
@@ -292,12 +315,16 @@ impl Writer {
         if let Err(e) = self.shared.poison.check() {
             return self.answer(group.drain(..), &Err(e));
         }
+        if let Err(e) = self.checkpoint_before_appending(group) {
+            return self.answer(group.drain(..), &Err(e));
+        }
         let txn = match self.begin_txn() {
             Ok(txn) => txn,
             Err(e) => {
-                // Nothing of these requests ran; redb itself failed and is reopened.
-                self.answer(group.drain(..), &Err(e));
-                return self.heal(Reopen::IfNeeded);
+                // Nothing of these requests ran; redb itself failed and is reopened, before
+                // they are answered: whoever hears of the failure reads the reopened file.
+                self.heal(Reopen::IfNeeded);
+                return self.answer(group.drain(..), &Err(e));
             }
         };
         let mut epoch = Epoch::new();
@@ -315,19 +342,26 @@ impl Writer {
         let mut open = match OpenTables::open(txn, &self.shared.registry, self.shared.tables) {
             Ok(open) => open,
             Err(e) => {
-                let e = StoreError::from(e);
-                self.answer(group.drain(..), &Err(e.clone()));
-                epoch.tainted = Some(e);
+                epoch.refused = requests_before_reopen(group);
+                epoch.tainted = Some(StoreError::from(e));
                 return;
             }
         };
         loop {
+            if group
+                .front()
+                .is_some_and(|job| job.kind() == JobKind::Reopen)
+            {
+                // A reopen that arrived while the epoch was open (by its linger or drain) ends
+                // the epoch; the loop runs it before the next one.
+                break;
+            }
             // The clock is read before any request of the group runs: if it fails, nothing of
             // the group happened, and the groups before it stand.
             let now = match self.now() {
                 Ok(now) => now,
                 Err(e) => {
-                    self.answer(group.drain(..), &Err(e));
+                    self.answer(requests_before_reopen(group), &Err(e));
                     break;
                 }
             };
@@ -337,7 +371,7 @@ impl Writer {
                 Err(e) => {
                     // The group's writes are partly in the transaction and in no log: its
                     // requests fail (nothing of them is kept) and the epoch is rebuilt.
-                    self.answer(done, &Err(e.clone()));
+                    epoch.refused = done;
                     epoch.tainted = Some(e);
                     break;
                 }
@@ -436,8 +470,16 @@ impl Writer {
             .filter(|f| f.outcome == FailedOutcome::Unknown)
         {
             self.shared.poison.set(&f.error);
+            // A restore consumes the copy before the log takes frames again, so there is never
+            // a second one: losing track of it could lose the frame.
+            assert!(
+                self.unsynced.is_none(),
+                "a second frame failed its sync while the first was still unrecovered"
+            );
+            self.unsynced.clone_from(&f.unsynced);
         }
-        let published = match (&failure, epoch.tainted.take()) {
+        let tainted = epoch.tainted.take();
+        let published = match (&failure, &tainted) {
             (Some(f), _) if f.outcome == FailedOutcome::Unknown => {
                 // The log may hold more than was acknowledged, or less: only its files can say.
                 drop(txn);
@@ -464,6 +506,9 @@ impl Writer {
         if let Some(f) = &failure {
             // Told only now: they read the recovered state, and a retry finds the log open.
             self.answer(unanswered, &Err(f.error.clone()));
+        }
+        if let Some(e) = tainted {
+            self.answer(std::mem::take(&mut epoch.refused), &Err(e));
         }
         let result = published.and_then(|()| self.after_publish(&mut epoch));
         let cut = failure.map(|f| (f.first, f.error));
@@ -549,106 +594,8 @@ impl Writer {
         Ok(())
     }
 
-    /// Restores in place for an epoch that cannot be published as it stands: `Ok` once
-    /// everything durable is in redb again.
-    fn restore_for_epoch(&mut self, reopen: Reopen) -> Result<(), StoreError> {
-        match self.restore(reopen) {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                self.shared.poison.set(&e);
-                self.heal_retry.failed();
-                Err(e)
-            }
-        }
-    }
-
-    /// Recovers in place now, as the first attempt after a failure; on failure the store stays
-    /// poisoned and the next attempt waits (see `Builder::self_heal`).
-    fn heal(&mut self, reopen: Reopen) {
-        match self.restore(reopen) {
-            Ok(_) => self.heal_retry.reset(),
-            Err(e) => {
-                tracing::error!(error = %e, "recovering in place failed; writes are refused until it succeeds");
-                self.shared.poison.set(&e);
-                self.heal_retry.failed();
-            }
-        }
-    }
-
-    /// Recovers the store in place, as a reopen of its directory would: stops the log, reopens
-    /// the redb file if it latched an error (or `reopen` says so), replays the log past the
-    /// last checkpoint into it, and starts a new log. Clears the poison when it succeeds.
-    /// Requests queued meanwhile wait; readers of records wait only while the file is reopened.
-    pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
-        let started = Instant::now();
-        // Joins the log thread; every group it had is settled (answered) by then.
-        self.log = None;
-        let caught_up = {
-            let mut slot = self.shared.db.write();
-            let healthy = reopen == Reopen::IfNeeded
-                && slot.as_ref().is_some_and(|db| {
-                    catch_unwind(AssertUnwindSafe(|| {
-                        db.begin_write()
-                            .map(|txn| txn.abort().is_ok())
-                            .unwrap_or(false)
-                    }))
-                    .unwrap_or(false)
-                });
-            if !healthy {
-                // redb refuses everything after an I/O error until the file is closed.
-                drop(slot.take());
-                *slot = Some(
-                    self.storage
-                        .database(self.shared.config.memory().redb_cache)
-                        .map_err(restore_failed)?,
-                );
-            }
-            let db = slot.as_ref().ok_or(StoreError::Closed)?;
-            catch_unwind(AssertUnwindSafe(|| {
-                catch_up::catch_up(
-                    db,
-                    &self.shared.registry,
-                    &self.storage,
-                    &self.shared.config,
-                )
-            }))
-            .unwrap_or_else(|panic| {
-                Err(crate::error::OpenError::Recovery(
-                    crate::error::RecoveryError::Apply(redb::Error::Io(std::io::Error::other(
-                        panic_message(panic.as_ref()),
-                    ))),
-                ))
-            })
-            .map_err(restore_failed)?
-        };
-        let CaughtUp {
-            mut report,
-            log,
-            next_fence,
-        } = caught_up;
-        self.log = log
-            .map(|log| start_log(&self.shared, log))
-            .transpose()
-            .map_err(|e| restore_failed(crate::error::OpenError::Thread(e)))?;
-        self.count_log();
-        self.next_fence = self.next_fence.max(next_fence);
-        self.shared.overlay.published();
-        self.shared.poison.clear();
-        self.checkpoint_soon_if_replayed();
-        report.duration = started.elapsed();
-        self.shared.counters.restored();
-        tracing::info!(
-            frames_replayed = report.frames_replayed,
-            reopened = reopen == Reopen::Always,
-            ms = report.duration.as_millis() as u64,
-            "idemstore recovered in place"
-        );
-        *self.shared.recovery.lock() = report.clone();
-        Ok(report)
-    }
-
     /// Publishes the log's bytes since the checkpoint to the stats.
-    fn count_log(&self) {
+    pub(super) fn count_log(&self) {
         if let Some(log) = self.log.as_ref() {
             self.shared.counters.log_since(log.since_checkpoint());
         }
@@ -702,7 +649,13 @@ impl Writer {
             records: Vec::new(),
         };
         let mut kept: Vec<WriteSet> = Vec::new();
-        while let Some(mut job) = group.pop_front() {
+        while group
+            .front()
+            .is_some_and(|job| job.kind() != JobKind::Reopen)
+        {
+            let Some(mut job) = group.pop_front() else {
+                break;
+            };
             let mut writes = WriteSet::default();
             let keep = {
                 let mut tx = Tx::new(txn, open, &self.shared.registry, &mut writes);
@@ -849,6 +802,26 @@ impl Writer {
         }
     }
 
+    /// After an open that replayed frames, the checkpoint that must come before the first new
+    /// frame (see [`Appends`]). A failure refuses the group as "not written" (nothing of it
+    /// ran) without poisoning the store: the checkpoint is tried again with backoff.
+    fn checkpoint_before_appending(
+        &mut self,
+        group: &VecDeque<Box<dyn Job>>,
+    ) -> Result<(), StoreError> {
+        if self.appends == Appends::Open {
+            return Ok(());
+        }
+        let asked = group.iter().any(|job| job.kind() == JobKind::Checkpoint);
+        if !asked && !self.checkpoint_retry.due() {
+            return Err(StoreError::NotWritten {
+                kind: std::io::ErrorKind::Other,
+                cause: "the log replayed at open is not checkpointed yet (the last try failed; it is tried again shortly)".into(),
+            });
+        }
+        self.checkpoint().map_err(|e| self.checkpoint_failed(e))
+    }
+
     /// Makes redb durable (with quick-repair, so a crash never forces a full scan), records the
     /// last logged frame as checkpointed, and lets the log reuse the segments before it. Runs
     /// between epochs, so everything logged is published.
@@ -859,9 +832,10 @@ impl Writer {
         let seq = log
             .wait_durable()
             .map_err(|failure: LogFailure| failure.error)?;
+        let segment = log.next_frame_segment();
         {
             let slot = self.shared.db.read(&self.shared.poison)?;
-            catch_up::checkpoint_now(&slot, seq)?;
+            catch_up::checkpoint_now(&slot, seq, segment)?;
         }
         // Enough spare segments to log one checkpoint interval without creating files.
         let keep_free = usize::try_from(
@@ -873,7 +847,8 @@ impl Writer {
         )
         .unwrap_or(usize::MAX);
         log.checkpointed(seq, keep_free);
-        tracing::debug!(seq, "checkpoint");
+        self.appends = Appends::Open;
+        tracing::debug!(seq, segment, "checkpoint");
         self.checkpoint_retry.reset();
         self.last_checkpoint = Instant::now();
         self.shared.counters.checkpointed();
@@ -890,6 +865,16 @@ impl Writer {
     }
 }
 
+/// The requests at the front of `group`, up to the first reopen (which the writer runs between
+/// epochs, never inside one).
+fn requests_before_reopen(group: &mut VecDeque<Box<dyn Job>>) -> Vec<Box<dyn Job>> {
+    let n = group
+        .iter()
+        .position(|job| job.kind() == JobKind::Reopen)
+        .unwrap_or(group.len());
+    group.drain(..n).collect()
+}
+
 /// What the engine hands the log with each group: settled once the group is durable.
 pub(crate) struct Group {
     /// The group's writes to the records table, for the overlay.
@@ -900,7 +885,7 @@ pub(crate) struct Group {
 
 /// Starts a log thread that, for each durable group, adds its records to the overlay and then
 /// answers its requests (so a caller that was answered reads what it wrote).
-fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
+pub(super) fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
     let (overlay, counters) = (shared.overlay.clone(), shared.counters.clone());
     LogThread::start(
         log,
@@ -919,16 +904,4 @@ fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
         shared.counters.log_bytes.clone(),
         shared.config.memory().frame,
     )
-}
-
-/// A failed restore leaves the store poisoned with this cause.
-fn restore_failed(e: crate::error::OpenError) -> StoreError {
-    let kind = match &e {
-        crate::error::OpenError::Io { source, .. } => Some(source.kind()),
-        _ => None,
-    };
-    StoreError::Poisoned {
-        kind,
-        cause: format!("recovering in place failed: {e}").into(),
-    }
 }

@@ -53,6 +53,17 @@ pub enum OpenError {
         /// The version this build reads and writes.
         supported: u32,
     },
+    /// The database file is damaged: redb found structures it cannot read while opening it
+    /// (it panicked, and the panic was caught).
+    #[error(
+        "the database file {path} is damaged ({detail}); nothing was changed. Run `idemstore verify` on the store's directory to see what is wrong, and restore the directory from a backup"
+    )]
+    Damaged {
+        /// The database file.
+        path: PathBuf,
+        /// What redb reported.
+        detail: String,
+    },
     /// The file is a redb database, but not an idemstore store.
     #[error(
         "{path} is a redb database that idemstore did not create (it has tables but no idemstore.meta); point the store at its own directory"

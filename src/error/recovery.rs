@@ -40,6 +40,18 @@ pub enum RecoveryError {
         /// The first frame it found.
         found: u64,
     },
+    /// A segment file does not fit the log's chain: it starts at a frame an older segment
+    /// already holds, or its header contradicts the segments around it. Replaying around it
+    /// could hide acknowledged frames, so the store was not opened.
+    #[error(
+        "the log directory holds a segment that does not belong to this log's chain, {segment}: {detail}. The store was not opened and the log was not changed. If the file was copied in from elsewhere (another store, an older backup), move it out of the log directory and reopen; if the whole directory was restored, restore it from one backup"
+    )]
+    Stray {
+        /// The segment file.
+        segment: PathBuf,
+        /// How it contradicts the chain.
+        detail: String,
+    },
     /// A segment is in a log format this build does not read.
     #[error(
         "the log segment {segment} is in log format {found}, and this build reads format {supported}. Nothing was changed. Open the store with the idemstore version that wrote it and close it cleanly (a clean close checkpoints the whole log into the database file); then remove the segment files from the log directory, and this build opens the store"

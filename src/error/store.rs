@@ -76,6 +76,15 @@ pub enum StoreError {
         /// The panic message.
         message: String,
     },
+    /// The database file is damaged: redb found structures it cannot read (it panicked while
+    /// reading, and the panic was caught). The store answers what it can still read.
+    #[error(
+        "the database file is damaged ({detail}); the operation was not carried out. Run `idemstore verify` on the store's directory (with the service stopped) to see what is wrong, and restore the directory from a backup"
+    )]
+    Damaged {
+        /// What redb reported.
+        detail: String,
+    },
     /// The store's writer thread has stopped.
     #[error("the store's writer has stopped; drop every handle and reopen the store")]
     Closed,

@@ -10,11 +10,13 @@ use redb::{
     ReadableTable, ReadableTableMetadata, StorageError, TableDefinition, TableError, TableHandle,
 };
 
-use crate::engine::layout::{FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT};
+use crate::engine::layout::{
+    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
+};
 use crate::error::RecoveryError;
 use crate::model::clock::{Clock, SystemClock, Timestamp};
 use crate::storage::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
-use crate::wal::{RecoveryReport, listing, recover};
+use crate::wal::{Checkpoint, RecoveryReport, listing, recover};
 
 use super::error::{Holder, InspectError};
 
@@ -143,10 +145,23 @@ impl Inspector {
             "log_checkpoint",
             &path,
         )?;
+        let segment = meta_opt_u64(
+            &txn,
+            &Overlay::new(),
+            META_LOG_SEGMENT,
+            "log_segment",
+            &path,
+        )?;
         drop(txn);
         let log = ReadOnlyLogDir::of_store(&dir);
         let pending = match &log {
-            Some(log) => read_pending(log, checkpoint),
+            Some(log) => read_pending(
+                log,
+                Checkpoint {
+                    seq: checkpoint,
+                    segment,
+                },
+            ),
             None => Ok(Pending::default()),
         };
         let pending = match (pending, on_damage) {
@@ -396,6 +411,20 @@ fn meta_u64(
     name: &'static str,
     path: &Path,
 ) -> Result<u64, InspectError> {
+    meta_opt_u64(txn, overlay, key, name, path)?.ok_or_else(|| InspectError::CorruptMeta {
+        key: name,
+        detail: "missing".into(),
+    })
+}
+
+/// A meta entry that may be absent (one a later version added), well formed if present.
+fn meta_opt_u64(
+    txn: &ReadTransaction,
+    overlay: &Overlay,
+    key: &[u8],
+    name: &'static str,
+    path: &Path,
+) -> Result<Option<u64>, InspectError> {
     let corrupt = |detail: String| InspectError::CorruptMeta { key: name, detail };
     let bytes = match overlay.get(META).and_then(|o| o.get(key)) {
         Some(value) => value.clone(),
@@ -409,20 +438,22 @@ fn meta_u64(
             value.map(|v| v.value().to_vec())
         }
     };
-    let bytes = bytes.ok_or_else(|| corrupt("missing".into()))?;
+    let Some(bytes) = bytes else {
+        return Ok(None);
+    };
     let array: [u8; 8] = bytes
         .as_slice()
         .try_into()
         .map_err(|_| corrupt(format!("{} bytes where 8 are expected", bytes.len())))?;
-    Ok(u64::from_le_bytes(array))
+    Ok(Some(u64::from_le_bytes(array)))
 }
 
 /// Reads the log past `checkpoint` as recovery at open would, into an overlay.
-fn read_pending(log: &ReadOnlyLogDir, checkpoint: u64) -> Result<Pending, RecoveryError> {
+fn read_pending(log: &ReadOnlyLogDir, checkpoint: Checkpoint) -> Result<Pending, RecoveryError> {
     let mut overlay = Overlay::new();
     let mut tables = BTreeMap::new();
     let dir_path = log.path().to_path_buf();
-    let recovered = recover(log, &dir_path, checkpoint, 0, &mut |frame| {
+    let recovered = recover(log, &dir_path, checkpoint, None, 0, &mut |frame| {
         let ops =
             listing::frame_ops(frame.payload).map_err(|detail| RecoveryError::BadPayload {
                 seq: frame.seq,

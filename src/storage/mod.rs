@@ -8,6 +8,8 @@ mod dir;
 mod fs;
 #[cfg(feature = "cli")]
 mod read_only;
+mod rewrite;
+mod watched;
 
 use std::fmt;
 use std::io;
@@ -23,6 +25,7 @@ pub(crate) use dir::FsLogDir;
 pub(crate) use fs::Created;
 #[cfg(feature = "cli")]
 pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
+pub(crate) use watched::SyncWatch;
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";
@@ -30,6 +33,9 @@ pub(crate) const DB_FILE: &str = "idemstore.redb";
 /// initializes a file can leave it unreadable, so the final name only ever names a complete
 /// database.
 pub(crate) const DB_CREATING: &str = "idemstore.redb.creating";
+/// Where the database file is copied to when it is rewritten after a failed sync, before the
+/// copy is renamed over [`DB_FILE`]; a leftover is removed at open.
+pub(crate) const DB_REWRITING: &str = "idemstore.redb.rewriting";
 /// The log's directory inside the store's directory.
 pub(crate) const LOG_DIR: &str = "wal";
 
@@ -86,8 +92,12 @@ impl Storage {
     /// parent, so none of it can vanish in a power cut after a write is acknowledged.
     ///
     /// `cache_bytes` is redb's page cache (the memory budget's share): redb's own default is
-    /// 1 GiB.
-    pub(crate) fn database(&self, cache_bytes: usize) -> Result<Database, OpenError> {
+    /// 1 GiB. Every sync of the file is reported to `watch` (see [`SyncWatch`]).
+    pub(crate) fn database(
+        &self,
+        cache_bytes: usize,
+        watch: &std::sync::Arc<SyncWatch>,
+    ) -> Result<Database, OpenError> {
         match self {
             Storage::Directory(dir) => {
                 let io = |path: &Path| {
@@ -96,6 +106,8 @@ impl Storage {
                 };
                 fs::create_dir_durable(dir).map_err(io(dir))?;
                 let path = dir.join(DB_FILE);
+                let rewriting = dir.join(DB_REWRITING);
+                rewrite::remove_if_present(&rewriting).map_err(io(&rewriting))?;
                 if !path.exists() {
                     let creating = dir.join(DB_CREATING);
                     match std::fs::remove_file(&creating) {
@@ -114,9 +126,16 @@ impl Storage {
                     std::fs::rename(&creating, &path).map_err(io(&path))?;
                     fs::sync_dir(dir).map_err(io(dir))?;
                 }
+                let file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(io(&path))?;
+                let backend =
+                    redb::backends::FileBackend::new(file).map_err(|e| database_error(&path, e))?;
                 Database::builder()
                     .set_cache_size(cache_bytes)
-                    .create(&path)
+                    .create_with_backend(watched::Watched::new(backend, watch.clone()))
                     .map_err(|e| database_error(&path, e))
             }
             #[cfg(feature = "testing")]
@@ -137,9 +156,13 @@ impl Storage {
                     disk.rename(DB_CREATING, DB_FILE).map_err(io)?;
                     disk.sync_dir("").map_err(io)?;
                 }
+                disk.remove(DB_REWRITING);
                 Database::builder()
                     .set_cache_size(cache_bytes)
-                    .create_with_backend(disk.backend(DB_FILE))
+                    .create_with_backend(watched::Watched::new(
+                        disk.backend(DB_FILE),
+                        watch.clone(),
+                    ))
                     .map_err(|e| database_error(Path::new(DB_FILE), e))
             }
         }

@@ -84,7 +84,11 @@ fn recovered_frames(bytes: &[u8]) -> Result<Option<usize>, Violation> {
     let result = recover(
         &dir as &dyn LogDir,
         Path::new("wal"),
-        0,
+        crate::wal::Checkpoint {
+            seq: 0,
+            segment: None,
+        },
+        None,
         64 * 1024,
         &mut |frame| {
             seqs.push(frame.seq);

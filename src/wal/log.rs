@@ -74,13 +74,28 @@ pub(crate) struct LogStart {
     pub(crate) segment_bytes: u64,
 }
 
+impl LogStart {
+    /// The start once a durable checkpoint covers every frame up to `seq`: every file is
+    /// free, and the log goes on at `seq + 1` in a segment numbered above all before it.
+    pub(crate) fn after_checkpoint(mut self, seq: u64) -> LogStart {
+        self.free.extend(self.live.drain(..).map(|live| FreeFile {
+            name: live.name,
+            file: live.file,
+        }));
+        self.since_checkpoint = 0;
+        self.next_seq = seq + 1;
+        self
+    }
+}
+
 /// Why an append did not make its frame durable.
 #[derive(Debug)]
 pub(crate) enum AppendError {
     /// Nothing new reached the disk durably: the frame was refused before its sync.
     NotWritten(io::Error),
-    /// The sync failed: the frame may or may not be durable.
-    Unknown(io::Error),
+    /// The sync of frame `seq` failed: it may or may not be durable, and reading it back
+    /// cannot tell (the page cache may hold bytes the disk never will).
+    Unknown { error: io::Error, seq: u64 },
 }
 
 /// The segment files not in use, and how to make more.
@@ -281,7 +296,10 @@ impl Log {
             .write_at(segment.end, &self.buf)
             .map_err(AppendError::NotWritten)?;
         let syncing = std::time::Instant::now();
-        segment.file.sync_data().map_err(AppendError::Unknown)?;
+        segment
+            .file
+            .sync_data()
+            .map_err(|error| AppendError::Unknown { error, seq })?;
         crate::metrics::seconds(crate::metrics::LOG_SYNC_SECONDS, syncing.elapsed());
         segment.end += frame_len;
         segment.last_seq = Some(seq);
@@ -293,6 +311,15 @@ impl Log {
     /// The sequence number of the last frame appended (or the one before the first).
     pub(crate) fn last_seq(&self) -> u64 {
         self.next_seq - 1
+    }
+
+    /// The number of the segment the next frame goes to, or one older: what a checkpoint
+    /// records so that recovery reads the log from there (see `recovery::Checkpoint`). Frames
+    /// go to the active segment, or to one activated after it with a higher number.
+    pub(crate) fn next_frame_segment(&self) -> u64 {
+        self.active
+            .as_ref()
+            .map_or(self.files.next_number, |s| s.number)
     }
 
     pub(crate) fn since_checkpoint(&self) -> u64 {

@@ -65,6 +65,18 @@ pub(crate) struct LogFailure {
     pub(crate) error: StoreError,
     /// Whether anything of them may be on disk.
     pub(crate) outcome: FailedOutcome,
+    /// For [`FailedOutcome::Unknown`]: the frame whose sync failed, as it was written. The
+    /// file's bytes cannot be trusted to say whether it is durable, so this copy is the only
+    /// one a recovery may use.
+    pub(crate) unsynced: Option<Unsynced>,
+}
+
+/// A frame whose sync failed, kept in memory.
+#[derive(Debug, Clone)]
+pub(crate) struct Unsynced {
+    pub(crate) seq: u64,
+    /// The frame's payload (`varint(groups) ‖ payload ...`, as recovery hands a frame over).
+    pub(crate) payload: Arc<Vec<u8>>,
 }
 
 /// Whether a failed frame may have reached the disk.
@@ -216,6 +228,12 @@ impl<T: Send + 'static> LogThread<T> {
         self.core.since_checkpoint.load(Ordering::Relaxed)
     }
 
+    /// The segment the next frame goes to (see [`Log::next_frame_segment`]). Called by the
+    /// writer after `wait_durable`, so no group is in flight.
+    pub(crate) fn next_frame_segment(&self) -> u64 {
+        self.core.log.lock().next_frame_segment()
+    }
+
     /// Every frame up to `seq` is durable in redb: reuse or delete the segments before it.
     /// Called by the writer after `wait_durable`, so no group is in flight.
     pub(crate) fn checkpointed(&self, seq: u64, keep_free: usize) {
@@ -258,13 +276,14 @@ fn flush<T>(core: &Core<T>, batch: &mut Vec<Submission<T>>) {
     let batch_len = batch.len() as u64;
     let failed = core.state.lock().failed.clone();
     let result = match failed {
-        Some(failure) => Err((failure.error, failure.outcome)),
+        // Only the first failure keeps its frame: nothing is written after it.
+        Some(failure) => Err((failure.error, failure.outcome, None)),
         None => write(core, batch),
     };
     let tickets: Vec<T> = batch.drain(..).map(|s| s.ticket).collect();
     let mut state = core.state.lock();
     let first = state.settled;
-    let (error, outcome) = match result {
+    let (error, outcome, unsynced) = match result {
         Ok(seq) => {
             drop(state);
             // Settled (records visible, requests answered) before the writer, which waits for
@@ -289,6 +308,7 @@ fn flush<T>(core: &Core<T>, batch: &mut Vec<Submission<T>>) {
         first,
         error,
         outcome,
+        unsynced,
     });
     state.unanswered.extend(tickets);
     drop(state);
@@ -300,7 +320,7 @@ fn flush<T>(core: &Core<T>, batch: &mut Vec<Submission<T>>) {
 fn write<T>(
     core: &Core<T>,
     batch: &[Submission<T>],
-) -> Result<Option<u64>, (StoreError, FailedOutcome)> {
+) -> Result<Option<u64>, (StoreError, FailedOutcome, Option<Unsynced>)> {
     let payloads: Vec<&Arc<Vec<u8>>> = batch.iter().filter_map(|s| s.payload.as_ref()).collect();
     if payloads.is_empty() {
         return Ok(None);
@@ -311,16 +331,27 @@ fn write<T>(
     for payload in payloads {
         frame.extend_from_slice(payload);
     }
-    let seq = core.log.lock().append(&frame).map_err(|e| match e {
-        AppendError::NotWritten(source) => (
-            StoreError::not_written("writing the log", &source),
-            FailedOutcome::NotWritten,
-        ),
-        AppendError::Unknown(source) => (
-            StoreError::outcome_unknown("syncing the log", &source),
-            FailedOutcome::Unknown,
-        ),
-    })?;
+    let appended = core.log.lock().append(&frame);
+    let seq = match appended {
+        Ok(seq) => seq,
+        Err(AppendError::NotWritten(source)) => {
+            return Err((
+                StoreError::not_written("writing the log", &source),
+                FailedOutcome::NotWritten,
+                None,
+            ));
+        }
+        Err(AppendError::Unknown { error, seq }) => {
+            return Err((
+                StoreError::outcome_unknown("syncing the log", &error),
+                FailedOutcome::Unknown,
+                Some(Unsynced {
+                    seq,
+                    payload: Arc::new(frame),
+                }),
+            ));
+        }
+    };
     let written = (frame.len() + FRAME_HEADER_LEN) as u64;
     core.written.fetch_add(written, Ordering::Relaxed);
     core.since_checkpoint.fetch_add(written, Ordering::Relaxed);

@@ -22,9 +22,11 @@ mod recovery;
 
 pub(crate) use self::format::{Payload, PayloadOp, decode_frame};
 pub(crate) use self::log::{Log, LogStart};
-pub(crate) use self::log_thread::{FailedOutcome, Handoff, LogFailure, LogThread, Submission};
+pub(crate) use self::log_thread::{
+    FailedOutcome, Handoff, LogFailure, LogThread, Submission, Unsynced,
+};
 pub use self::recovery::RecoveryReport;
-pub(crate) use self::recovery::{ReplayFrame, recover};
+pub(crate) use self::recovery::{Checkpoint, ReplayFrame, recover};
 
 /// One put (`value: Some`) or delete (`None`) of a group, as the log records it.
 #[derive(Debug, Clone, Copy)]

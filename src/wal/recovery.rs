@@ -80,15 +80,33 @@ struct SegmentEnd {
     last_new: Option<u64>,
 }
 
-/// Replays every frame after `checkpoint` through `apply`, in order.
+/// Where the log past the last checkpoint begins, as the database recorded it with the
+/// checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Checkpoint {
+    /// The last frame durable in the database: replay starts after it.
+    pub(crate) seq: u64,
+    /// The number of the segment that held (or was about to hold) frame `seq + 1` when the
+    /// checkpoint was taken: every frame past the checkpoint is in it or in a newer segment.
+    /// `None` for a store whose checkpoints predate the record: every segment is read.
+    pub(crate) segment: Option<u64>,
+}
+
+/// Replays every frame after the checkpoint through `apply`, in order, and no frame after
+/// `through` (a frame whose sync failed is not read back as if it were durable).
 ///
-/// The steps: read every segment's header, pick the segments that may hold frames past the
-/// checkpoint, replay each of them in order, and judge how each ends (a sealed segment must
-/// end where the next begins; only the last may end in a torn frame).
+/// The steps: read every segment's header; take, in the order they were activated, the
+/// segments that may hold frames past the checkpoint (from the one the checkpoint names, or
+/// all of them); prove they form one chain (each starts where the one before it ended, none
+/// starts at a frame an older one holds, none leaves a gap past the checkpoint), replaying as
+/// it goes; and judge how the last one ends (only it may end in a torn frame). A segment that
+/// does not fit the chain is refused by name, never skipped: skipping it could hide
+/// acknowledged frames.
 pub(crate) fn recover(
     dir: &dyn LogDir,
     dir_path: &Path,
-    checkpoint: u64,
+    checkpoint: Checkpoint,
+    through: Option<u64>,
     segment_bytes: u64,
     apply: &mut dyn FnMut(ReplayFrame<'_>) -> Result<(), RecoveryError>,
 ) -> Result<Recovered, RecoveryError> {
@@ -99,21 +117,32 @@ pub(crate) fn recover(
         .filter_map(|c| c.header.map(|h| h.number))
         .max()
         .map_or(1, |n| n.saturating_add(1));
-    // Saturating: every number here comes from disk, and damage must not make it panic.
-    let mut expected = checkpoint.saturating_add(1);
-    let live = pick_live(&candidates, expected, dir_path)?;
+    let chain = pick_chain(&candidates, checkpoint, dir_path)?;
 
-    let mut report = RecoveryReport::default();
+    // Saturating: every number here comes from disk, and damage must not make it panic.
+    let mut walk = Walk {
+        expected: checkpoint.seq.saturating_add(1),
+        through: through.unwrap_or(u64::MAX),
+        last_seen: None,
+        report: RecoveryReport::default(),
+    };
     let mut live_last: Vec<Option<u64>> = vec![None; candidates.len()];
-    for (i, &index) in live.iter().enumerate() {
+    for (i, &index) in chain.iter().enumerate() {
         let candidate = &candidates[index];
-        let end = replay_segment(candidate, dir_path, &mut expected, &mut report, apply)?;
+        let end = walk.segment(candidate, dir_path, apply)?;
         live_last[index] = end.last_new;
-        match live.get(i + 1) {
-            Some(&next) => check_continues(candidate, &end, &candidates[next], expected, dir_path)?,
-            None => judge_tail(candidate, &end, expected, dir_path, &mut report)?,
+        match chain.get(i + 1) {
+            Some(&next) => {
+                check_continues(candidate, &end, &candidates[next], walk.expected, dir_path)?
+            }
+            None => judge_tail(candidate, &end, walk.expected, dir_path, &mut walk.report)?,
         }
     }
+    let Walk {
+        expected,
+        mut report,
+        ..
+    } = walk;
 
     let mut free = Vec::new();
     let mut live_files = Vec::new();
@@ -149,6 +178,125 @@ pub(crate) fn recover(
         },
         report,
     })
+}
+
+/// The segments that may hold frames past the checkpoint, in activation (number) order: from
+/// the one the checkpoint names on, or every segment for a checkpoint that names none. The
+/// older ones hold checkpointed frames only; their headers must still agree with the chain
+/// (a segment activated earlier cannot start later).
+fn pick_chain(
+    candidates: &[Candidate],
+    checkpoint: Checkpoint,
+    dir_path: &Path,
+) -> Result<Vec<usize>, RecoveryError> {
+    let mut valid: Vec<usize> = (0..candidates.len())
+        .filter(|&i| candidates[i].header.is_some())
+        .collect();
+    valid.sort_by_key(|&i| candidates[i].number());
+    let from = checkpoint.segment.unwrap_or(0);
+    let split = valid.partition_point(|&i| candidates[i].number() < from);
+    let chain = valid.split_off(split);
+    if let Some(&first) = chain.first() {
+        let starts = candidates[first].first_seq();
+        if let Some(&older) = valid.iter().find(|&&i| candidates[i].first_seq() > starts) {
+            return Err(RecoveryError::Stray {
+                segment: dir_path.join(&candidates[older].name),
+                detail: format!(
+                    "its header says segment {} starting at frame {}, but the newer segment {} (number {}) starts at frame {starts}",
+                    candidates[older].number(),
+                    candidates[older].first_seq(),
+                    candidates[first].name,
+                    candidates[first].number(),
+                ),
+            });
+        }
+    }
+    Ok(chain)
+}
+
+/// The walk along the chain: what it expects next and what it has seen.
+struct Walk {
+    /// The next frame the log must hold (the first past the checkpoint, then on).
+    expected: u64,
+    /// No frame after this one is replayed.
+    through: u64,
+    /// The newest frame any segment of the chain held so far, checkpointed or not.
+    last_seen: Option<(u64, String)>,
+    report: RecoveryReport,
+}
+
+impl Walk {
+    /// Checks that `candidate` fits after the segments before it, then replays its frames past
+    /// the checkpoint (up to `through`), advancing `expected`.
+    fn segment(
+        &mut self,
+        candidate: &Candidate,
+        dir_path: &Path,
+        apply: &mut dyn FnMut(ReplayFrame<'_>) -> Result<(), RecoveryError>,
+    ) -> Result<SegmentEnd, RecoveryError> {
+        let name = candidate.name.as_str();
+        let first = candidate.first_seq();
+        if let Some((seen, holder)) = &self.last_seen
+            && first <= *seen
+        {
+            return Err(RecoveryError::Stray {
+                segment: dir_path.join(name),
+                detail: format!(
+                    "it starts at frame {first}, but the older segment {holder} already holds frames up to {seen}"
+                ),
+            });
+        }
+        if first > self.expected {
+            return Err(RecoveryError::Missing {
+                segment: dir_path.join(name),
+                expected: self.expected,
+                found: first,
+            });
+        }
+        let len = candidate.file.len().map_err(io(dir_path, name))?;
+        let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+        candidate
+            .file
+            .read_at(0, &mut bytes)
+            .map_err(io(dir_path, name))?;
+        let scanned = scan(&bytes).map_err(|problem| RecoveryError::Corrupt {
+            segment: dir_path.join(name),
+            offset: 0,
+            detail: format!("its header changed while open ({problem:?})"),
+        })?;
+        let mut last_new = None;
+        for frame in &scanned.frames {
+            if frame.seq >= self.expected && frame.seq <= self.through {
+                apply(ReplayFrame {
+                    segment: name,
+                    offset: frame.offset as u64,
+                    seq: frame.seq,
+                    payload: frame.payload,
+                })?;
+                self.report.frames_replayed += 1;
+                self.report.bytes_replayed += frame.payload.len() as u64;
+                last_new = Some(frame.seq);
+            }
+        }
+        if let Some(last) = scanned.frames.last() {
+            // Frames run on from the header's first frame (the scan stops at a break), so the
+            // segment holds `first ..= last.seq`.
+            debug_assert_eq!(scanned.frames[0].seq, first);
+            self.last_seen = Some((last.seq, name.to_owned()));
+            self.expected = self
+                .expected
+                .max(last.seq.min(self.through).saturating_add(1));
+        }
+        let stop = match scanned.stop {
+            Stop::EndOfFile => bytes.len(),
+            Stop::Invalid { offset } => offset,
+        };
+        Ok(SegmentEnd {
+            bytes,
+            stop,
+            last_new,
+        })
+    }
 }
 
 /// Every segment file of the directory with its header, if it has a valid one; and the
@@ -191,79 +339,9 @@ fn read_headers(dir: &dyn LogDir, dir_path: &Path) -> Result<(Vec<Candidate>, u6
     Ok((candidates, next_file))
 }
 
-/// The segments to replay, in the order they were activated: from the newest that starts at
-/// or before `expected` (every segment before it holds checkpointed frames only) to the last.
-fn pick_live(
-    candidates: &[Candidate],
-    expected: u64,
-    dir_path: &Path,
-) -> Result<Vec<usize>, RecoveryError> {
-    let mut valid: Vec<usize> = (0..candidates.len())
-        .filter(|&i| candidates[i].header.is_some())
-        .collect();
-    valid.sort_by_key(|&i| candidates[i].number());
-    match valid
-        .iter()
-        .rposition(|&i| candidates[i].first_seq() <= expected)
-    {
-        Some(from) => Ok(valid.split_off(from)),
-        None => match valid.first() {
-            Some(&first) => Err(RecoveryError::Missing {
-                segment: dir_path.join(&candidates[first].name),
-                expected,
-                found: candidates[first].first_seq(),
-            }),
-            None => Ok(Vec::new()),
-        },
-    }
-}
-
-/// Replays the frames of one segment past `expected - 1`, advancing `expected`.
-fn replay_segment(
-    candidate: &Candidate,
-    dir_path: &Path,
-    expected: &mut u64,
-    report: &mut RecoveryReport,
-    apply: &mut dyn FnMut(ReplayFrame<'_>) -> Result<(), RecoveryError>,
-) -> Result<SegmentEnd, RecoveryError> {
-    let name = candidate.name.as_str();
-    let len = candidate.file.len().map_err(io(dir_path, name))?;
-    let mut bytes = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-    candidate
-        .file
-        .read_at(0, &mut bytes)
-        .map_err(io(dir_path, name))?;
-    let scanned = scan(&bytes).map_err(|problem| RecoveryError::Corrupt {
-        segment: dir_path.join(name),
-        offset: 0,
-        detail: format!("its header changed while open ({problem:?})"),
-    })?;
-    let first_new = *expected;
-    let mut last_new = None;
-    for frame in scanned.frames.iter().filter(|f| f.seq >= first_new) {
-        apply(ReplayFrame {
-            segment: name,
-            offset: frame.offset as u64,
-            seq: frame.seq,
-            payload: frame.payload,
-        })?;
-        report.frames_replayed += 1;
-        report.bytes_replayed += frame.payload.len() as u64;
-        *expected = frame.seq.saturating_add(1);
-        last_new = Some(frame.seq);
-    }
-    let stop = match scanned.stop {
-        Stop::EndOfFile => bytes.len(),
-        Stop::Invalid { offset } => offset,
-    };
-    Ok(SegmentEnd {
-        bytes,
-        stop,
-        last_new,
-    })
-}
-
-/// A sealed segment must end exactly where the next one starts.
+/// A sealed segment must end where the next one starts, or the frames between them must all
+/// be checkpointed (a spare segment deleted after a checkpoint leaves such a gap). A next
+/// segment that starts before this one's end is caught when the walk reaches it.
 fn check_continues(
     candidate: &Candidate,
     end: &SegmentEnd,
@@ -271,7 +349,7 @@ fn check_continues(
     expected: u64,
     dir_path: &Path,
 ) -> Result<(), RecoveryError> {
-    if expected == next.first_seq() {
+    if next.first_seq() <= expected {
         return Ok(());
     }
     Err(RecoveryError::Corrupt {

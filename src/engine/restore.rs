@@ -1,0 +1,228 @@
+//! Recovering the store in place after a failure, as a reopen of its directory would, without
+//! restarting the process (see "When something fails" in `docs/design.md`).
+//!
+//! A restore stops the log, gives the writer a database it can trust (reopened if redb latched
+//! an error; rewritten first if a sync of the file failed, see `storage::SyncWatch`), replays the
+//! log past the checkpoint, and starts a new log. It never reads back a frame whose sync failed:
+//! that frame is applied from the copy kept in memory and checkpointed durably before anything
+//! else happens, so the log never has to be right about it. Until a restore succeeds the store
+//! stays poisoned; a crash at any point of one leaves the last durable checkpoint and the log,
+//! which a reopen replays.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::Instant;
+
+use redb::Database;
+
+use crate::error::{OpenError, RecoveryError, StoreError};
+use crate::wal::{Log, RecoveryReport};
+
+use super::catch_up::{self, CaughtUp};
+use super::job::panic_message;
+use super::writer::{Appends, Writer, start_log};
+
+/// Whether recovering in place reopens the redb file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reopen {
+    /// Only if redb latched an error (it then refuses everything until reopened), or a sync
+    /// of the file failed (it is then rewritten first).
+    IfNeeded,
+    /// Always: `Store::reopen`, and after a panic inside redb.
+    Always,
+}
+
+impl Writer {
+    /// Restores in place for an epoch that cannot be published as it stands: `Ok` once
+    /// everything durable is in redb again.
+    pub(super) fn restore_for_epoch(&mut self, reopen: Reopen) -> Result<(), StoreError> {
+        match self.restore(reopen) {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.shared.poison.set(&e);
+                self.heal_retry.failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Recovers in place now, as the first attempt after a failure; on failure the store stays
+    /// poisoned and the next attempt waits (see `Builder::self_heal`).
+    pub(super) fn heal(&mut self, reopen: Reopen) {
+        match self.restore(reopen) {
+            Ok(_) => self.heal_retry.reset(),
+            Err(e) => {
+                tracing::error!(error = %e, "recovering in place failed; writes are refused until it succeeds");
+                self.shared.poison.set(&e);
+                self.heal_retry.failed();
+            }
+        }
+    }
+
+    /// Recovers the store in place (see the module doc). Clears the poison when it succeeds.
+    /// Requests queued meanwhile wait; readers of records wait only while the file is reopened.
+    pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
+        let started = Instant::now();
+        // Joins the log thread; every group it had is settled (answered) by then.
+        self.log = None;
+        let CaughtUp {
+            mut report,
+            log,
+            next_fence,
+        } = {
+            let db_slot = self.shared.db.clone();
+            let mut slot = db_slot.write();
+            self.trusted_database(&mut slot, reopen)?;
+            let db = slot.as_ref().ok_or(StoreError::Closed)?;
+            self.catch_up(db)?
+        };
+        self.log = log
+            .map(|(dir, start)| start_log(&self.shared, Log::start(dir, start)))
+            .transpose()
+            .map_err(|e| restore_failed(OpenError::Thread(e)))?;
+        self.count_log();
+        self.next_fence = self.next_fence.max(next_fence);
+        self.shared.overlay.published();
+        self.shared.poison.clear();
+        self.checkpoint_soon_if_replayed();
+        report.duration = started.elapsed();
+        self.shared.counters.restored();
+        tracing::info!(
+            frames_replayed = report.frames_replayed,
+            reopened = reopen == Reopen::Always,
+            ms = report.duration.as_millis() as u64,
+            "idemstore recovered in place"
+        );
+        *self.shared.recovery.lock() = report.clone();
+        Ok(report)
+    }
+
+    /// Leaves a database in the slot that the writer can build on: the one there if it still
+    /// takes writes and `reopen` allows keeping it; else the file reopened, and rewritten first
+    /// if one of its syncs failed (its cached pages may never reach the disk).
+    fn trusted_database(
+        &self,
+        slot: &mut Option<Database>,
+        reopen: Reopen,
+    ) -> Result<(), StoreError> {
+        let watch = &self.shared.db_watch;
+        let healthy = !watch.failed()
+            && reopen == Reopen::IfNeeded
+            && slot.as_ref().is_some_and(|db| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    db.begin_write()
+                        .map(|txn| txn.abort().is_ok())
+                        .unwrap_or(false)
+                }))
+                .unwrap_or(false)
+            });
+        if healthy {
+            return Ok(());
+        }
+        // redb refuses everything after an I/O error until the file is closed.
+        drop(slot.take());
+        if watch.failed() {
+            self.storage.rewrite_database().map_err(restore_failed)?;
+            watch.reset();
+            tracing::info!("rewrote the database file after a failed sync");
+        }
+        let cache = self.shared.config.memory().redb_cache;
+        *slot = Some(
+            guarded(&self.storage, || self.storage.database(cache, watch))
+                .map_err(restore_failed)?,
+        );
+        Ok(())
+    }
+
+    /// Replays the log into `db`. A frame whose sync failed is not read back from its segment:
+    /// the replay stops before it, and the copy in memory is applied and checkpointed in one
+    /// durable commit (readers see it only once it is durable), after which every segment is
+    /// free and the log goes on in a new one.
+    fn catch_up(&mut self, db: &Database) -> Result<CaughtUp, StoreError> {
+        let (registry, storage, config) =
+            (&self.shared.registry, &self.storage, &self.shared.config);
+        let through = self.unsynced.as_ref().map(|u| u.seq.saturating_sub(1));
+        let mut caught_up = guarded(storage, || {
+            catch_up::catch_up(db, registry, storage, config, through)
+        })
+        .map_err(restore_failed)?;
+        let Some(unsynced) = self.unsynced.as_ref() else {
+            return Ok(caught_up);
+        };
+        let Some((dir, start)) = caught_up.log.take() else {
+            return Err(restore_failed(OpenError::Recovery(RecoveryError::Apply(
+                redb::Error::Io(std::io::Error::other(
+                    "a frame's sync failed, but the store has no log to recover it into",
+                )),
+            ))));
+        };
+        let checkpointed = super::meta::load(db)
+            .map_err(restore_failed)?
+            .log_checkpoint
+            .seq;
+        if checkpointed >= unsynced.seq {
+            // An earlier attempt's commit of it landed (its sync failed, and the file was
+            // rewritten from what this process wrote): the frame is in, durably.
+            self.unsynced = None;
+            self.appends = Appends::Open;
+            caught_up.log = Some((dir, start.after_checkpoint(checkpointed)));
+            return Ok(caught_up);
+        }
+        if start.next_seq != unsynced.seq {
+            // Every frame before the one whose sync failed was synced: the log must end right
+            // before it. Anything else is damage that a checkpoint must not paper over.
+            return Err(restore_failed(OpenError::Recovery(
+                RecoveryError::Corrupt {
+                    segment: storage.log_path(),
+                    offset: 0,
+                    detail: format!(
+                        "frame {} was synced, but the log ends at frame {}",
+                        unsynced.seq - 1,
+                        start.next_seq.saturating_sub(1)
+                    ),
+                },
+            )));
+        }
+        let segment = start.next_number;
+        guarded(storage, || {
+            catch_up::checkpoint_unsynced(db, registry, storage, unsynced, segment)
+        })
+        .map_err(restore_failed)?;
+        tracing::info!(
+            seq = unsynced.seq,
+            "the frame whose sync failed is checkpointed from memory; the log goes on in a new segment"
+        );
+        caught_up.report.frames_replayed += 1;
+        caught_up.report.bytes_replayed += unsynced.payload.len() as u64;
+        caught_up.next_fence = super::meta::load(db).map_err(restore_failed)?.next_fence;
+        caught_up.log = Some((dir, start.after_checkpoint(unsynced.seq)));
+        self.unsynced = None;
+        self.appends = Appends::Open;
+        Ok(caught_up)
+    }
+}
+
+/// Runs a step of opening or recovering that reads the database file, turning a panic inside
+/// redb (a damaged file) into an error.
+pub(super) fn guarded<T>(
+    storage: &crate::storage::Storage,
+    step: impl FnOnce() -> Result<T, OpenError>,
+) -> Result<T, OpenError> {
+    catch_unwind(AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        Err(OpenError::Damaged {
+            path: storage.db_path(),
+            detail: panic_message(panic.as_ref()),
+        })
+    })
+}
+
+/// A failed restore leaves the store poisoned with this cause.
+fn restore_failed(e: OpenError) -> StoreError {
+    let kind = match &e {
+        OpenError::Io { source, .. } => Some(source.kind()),
+        _ => None,
+    };
+    StoreError::Poisoned {
+        kind,
+        cause: format!("recovering in place failed: {e}").into(),
+    }
+}
