@@ -1,5 +1,6 @@
 //! Random workloads crashed at every operation (or a stride of them), in both durability
-//! modes, reopened and checked against the reference model in `idemstore::testing`.
+//! modes, reopened and checked against the reference model in `idemstore::testing`; and
+//! faults in pairs: a first one the process survives, then a second while the store heals.
 //!
 //! Deterministic: the seeds are fixed, and every disk operation is a crash point.
 //! `IDEMSTORE_CRASH_SEEDS=1,2,3` runs other seeds; `IDEMSTORE_CRASH_STRIDE=n` crashes at every
@@ -8,7 +9,7 @@
 use std::time::Instant;
 
 use idemstore::Durability;
-use idemstore::testing::{CrashCase, Fault, Tear, run_case, workload};
+use idemstore::testing::{CrashCase, Fault, Tear, run_case, second_faults, workload};
 
 const STEPS: usize = 40;
 const KEYS: u8 = 4;
@@ -34,8 +35,8 @@ fn stride() -> u64 {
 fn run(case: &CrashCase, seed: u64) -> Result<idemstore::testing::CaseReport, String> {
     run_case(case).map_err(|v| {
         format!(
-            "seed {seed}, {:?}, fault {:?}, tear {:?}: {v}\nreproduce: IDEMSTORE_CRASH_SEEDS={seed} IDEMSTORE_CRASH_STRIDE=1 cargo test --all-features --test crash_matrix",
-            case.durability, case.fault, case.tear
+            "seed {seed}, {:?}, fault {:?}, then {:?}, tear {:?}: {v}\nreproduce: IDEMSTORE_CRASH_SEEDS={seed} IDEMSTORE_CRASH_STRIDE=1 cargo test --all-features --test crash_matrix",
+            case.durability, case.fault, case.then, case.tear
         )
     })
 }
@@ -54,6 +55,7 @@ fn crashes_at_every_point_of_random_workloads_keep_every_acknowledged_write() ->
                 ops,
                 fault: Fault::None,
                 tear: Tear::Drop,
+                then: None,
             };
             let clean = run(&case, seed)?;
             cases += 1;
@@ -87,6 +89,7 @@ fn io_errors_and_failed_syncs_at_random_points_keep_every_acknowledged_write() -
                 ops,
                 fault: Fault::None,
                 tear: Tear::Drop,
+                then: None,
             };
             let clean = run(&case, seed)?;
             let syncs_guess = clean.disk_ops / 2;
@@ -124,6 +127,7 @@ fn a_full_disk_at_any_operation_loses_nothing_and_service_resumes_without_a_rest
                 ops,
                 fault: Fault::None,
                 tear: Tear::Drop,
+                then: None,
             };
             let clean = run(&case, seed)?;
             for at in (1..=clean.disk_ops).step_by(stride() as usize) {
@@ -140,4 +144,70 @@ fn a_full_disk_at_any_operation_loses_nothing_and_service_resumes_without_a_rest
         "the full disk hit too few requests ({refused} of {cases} cases) for the test to mean much"
     );
     Ok(())
+}
+
+/// Disk operations after the first fault at which a second one is tried: a restore (reopen,
+/// rewrite, replay, checkpoint, a new segment) takes about this many.
+const SECOND_OPS: u64 = 14;
+
+/// Two faults: a first that the process survives (a failed sync of the log or of the database
+/// file, a full disk, an I/O error: in a group, a checkpoint or a redb commit), then a second
+/// (an I/O error, a full disk or a crash) at each of the next operations, while the store
+/// heals, checkpoints or reopens. Every acknowledged write is there afterwards, live and after
+/// a restart and a crash (un-synced data dropped), and the store opens. Sync failures lose
+/// their writes as the page cache does after a failed `fsync` (see `SimDisk`).
+fn two_faults(durability: Durability) -> Result<(), String> {
+    let started = Instant::now();
+    let (mut cases, mut both_fired) = (0u64, 0u64);
+    let stride = stride().max(3);
+    for seed in seeds().into_iter().take(2) {
+        let ops = workload(seed ^ 0x2f, STEPS, KEYS);
+        let mut case = CrashCase {
+            durability,
+            ops,
+            fault: Fault::None,
+            tear: Tear::Drop,
+            then: None,
+        };
+        let clean = run(&case, seed)?;
+        let syncs_guess = clean.disk_ops / 2;
+        let firsts = (1..=syncs_guess)
+            .step_by(stride as usize)
+            .map(Fault::FailSync)
+            .chain(
+                (1..=clean.disk_ops)
+                    .step_by(3 * stride as usize)
+                    .flat_map(|at| [Fault::FullAt(at), Fault::FailAt(at + 1)]),
+            );
+        for first in firsts {
+            for then in second_faults(SECOND_OPS) {
+                case.fault = first;
+                case.then = Some(then);
+                let report = run(&case, seed)?;
+                cases += 1;
+                both_fired += u64::from(report.faults_fired >= 2);
+            }
+        }
+    }
+    println!(
+        "two-fault matrix, {durability:?}: {cases} cases ({both_fired} where both faults fired) in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        both_fired > cases / 3,
+        "the second fault hit too few cases ({both_fired} of {cases}) for the test to mean much"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_second_fault_while_the_log_backed_store_heals_keeps_every_acknowledged_write()
+-> Result<(), String> {
+    two_faults(Durability::Wal)
+}
+
+#[test]
+fn a_second_fault_while_the_redb_store_heals_keeps_every_acknowledged_write() -> Result<(), String>
+{
+    two_faults(Durability::Redb)
 }

@@ -402,3 +402,75 @@ fn spare_segments_beyond_one_checkpoint_interval_are_deleted() -> TestResult {
     }
     Ok(())
 }
+
+/// Issue 26, item 6. A stray segment file with a higher number (here header-only: number
+/// 1000, first frame 1) must not hide the acknowledged frames of the real log. Recovery used to
+/// start from the newest segment starting at or before the checkpoint (the stray), replay
+/// nothing, and hand the real segment to reuse: five acknowledged orders gone. Now every frame
+/// past the checkpoint is read from whichever segment holds it, and a segment that does not fit
+/// the chain is refused by name, with nothing changed.
+#[test]
+fn a_stray_segment_that_does_not_fit_the_chain_is_refused_by_name() -> TestResult {
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = open(&disk, &clock)?;
+    for i in 0..3 {
+        order(&store, &format!("k{i}"), 100)?;
+    }
+    store.checkpoint()?;
+    for i in 3..8 {
+        order(&store, &format!("k{i}"), 100)?;
+    }
+    let image = disk.crash_image(Tear::Drop);
+    drop(store);
+    let intact = image.crash_image(Tear::Drop);
+    image.set_file(
+        "wal/seg-00000099.log",
+        idemstore::testing::build_segment(1000, 1, &[]),
+    );
+
+    let err = open(&image, &clock)
+        .err()
+        .ok_or("a log with a stray segment opened")?;
+    match &err {
+        OpenError::Recovery(RecoveryError::Stray { segment, .. }) => {
+            assert!(segment.ends_with("seg-00000099.log"), "{err}");
+        }
+        other => return Err(format!("expected Stray, got {other:?}").into()),
+    }
+    assert!(
+        err.to_string().contains("move it out of the log directory"),
+        "{err}"
+    );
+
+    // Taken out, the store opens with every acknowledged order.
+    let store = open(&intact, &clock)?;
+    for i in 0..8 {
+        assert!(is_replay(&store, &format!("k{i}"))?, "k{i} lost");
+    }
+    Ok(())
+}
+
+/// A segment numbered below the one the checkpoint names whose header starts later than that
+/// one is a header that contradicts its neighbours: refused by name too.
+#[test]
+fn an_older_segment_that_starts_later_is_refused_by_name() -> TestResult {
+    let (image, clock) = crashed_after_one_order()?;
+    let store = open(&image, &clock)?;
+    store.checkpoint()?;
+    order(&store, "after", 10)?;
+    let image = image.crash_image(Tear::Drop);
+    drop(store);
+    image.set_file(
+        "wal/seg-00000050.log",
+        idemstore::testing::build_segment(0, 9_999, &[b"x".to_vec()]),
+    );
+    let err = open(&image, &clock)
+        .err()
+        .ok_or("a log with a stray segment opened")?;
+    assert!(
+        matches!(&err, OpenError::Recovery(RecoveryError::Stray { segment, .. }) if segment.ends_with("seg-00000050.log")),
+        "{err}"
+    );
+    Ok(())
+}
