@@ -10,7 +10,8 @@
 //!
 //! The holder writes its pid and executable name into the file, for the error the next opener
 //! gets. The lock is what counts: a file a crash left behind, with no lock held, names nobody.
-//! Who holds a lock is read in one place, `holder`.
+//! The `idemstore` tool's read commands (feature `cli`) lock the same file shared and record
+//! nothing, since they must not write. Who holds a lock is read in one place, `holder`.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -129,12 +130,51 @@ fn recorded(file: &File) -> Holder {
     Holder::Process { pid, name }
 }
 
+/// A reader's shared lock on a store's directory (feature `cli`): no store opens while it is
+/// held, and it waits for nobody.
+#[cfg(feature = "cli")]
+#[derive(Debug)]
+pub(crate) struct SharedLock {
+    _file: File,
+}
+
+/// Why a reader could not lock a store's directory.
+#[cfg(feature = "cli")]
+#[derive(Debug)]
+pub(crate) enum SharedLockError {
+    /// A store has it open.
+    Held(Holder),
+    /// The lock file could not be opened or locked.
+    Io { path: PathBuf, source: io::Error },
+}
+
+#[cfg(feature = "cli")]
+impl SharedLock {
+    /// Locks the store's directory `dir` shared, without creating or writing anything. `None`
+    /// when it has no lock file: no build that locks it has opened the store since it was
+    /// made, and redb's own lock on the database file still refuses a reader beside a writer.
+    pub(crate) fn acquire(dir: &Path) -> Result<Option<SharedLock>, SharedLockError> {
+        let path = dir.join(LOCK_FILE);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(SharedLockError::Io { path, source }),
+        };
+        match file.try_lock_shared() {
+            Ok(()) => Ok(Some(SharedLock { _file: file })),
+            Err(TryLockError::WouldBlock) => Err(SharedLockError::Held(recorded(&file))),
+            Err(TryLockError::Error(source)) => Err(SharedLockError::Io { path, source }),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A second exclusive lock names the first holder (this process, by pid and name);
-    /// dropping the lock frees the directory and leaves a file that names nobody.
+    /// A second exclusive lock names the first holder (this process, by pid and name); a
+    /// shared lock refuses the writer as readers; dropping the lock frees the directory and
+    /// leaves a file that names nobody.
     #[test]
     fn the_lock_names_its_holder_and_is_free_once_dropped() -> Result<(), Box<dyn std::error::Error>>
     {
@@ -151,7 +191,19 @@ mod tests {
         drop(first);
         assert!(std::fs::read(dir.path().join(LOCK_FILE))?.is_empty());
 
-        drop(DirLock::acquire(dir.path())?);
+        let again = DirLock::acquire(dir.path())?;
+        drop(again);
+        #[cfg(feature = "cli")]
+        {
+            let reading = SharedLock::acquire(dir.path())
+                .map_err(|e| format!("{e:?}"))?
+                .ok_or("the lock file exists")?;
+            let Err(OpenError::AlreadyOpen { holder, .. }) = DirLock::acquire(dir.path()) else {
+                return Err("a writer got in beside a reader".into());
+            };
+            assert_eq!(holder, Holder::Readers);
+            drop(reading);
+        }
         Ok(())
     }
 

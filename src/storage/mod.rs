@@ -27,7 +27,9 @@ pub(crate) use fs::Created;
 use lock::{DirLock, LOCK_FILE};
 #[cfg(feature = "cli")]
 #[cfg(feature = "cli")]
-pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
+pub(crate) use lock::{SharedLock, SharedLockError};
+#[cfg(feature = "cli")]
+pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file};
 
 /// The database file inside the store's directory.
 pub(crate) const DB_FILE: &str = "idemstore.redb";
