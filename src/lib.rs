@@ -109,8 +109,8 @@ pub use engine::{OwnedValue, ReadTx, Tx};
 pub use error::PgOpenError;
 pub use error::{
     BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
-    FingerprintError, ForgetError, OpenError, ReadError, RecoveryError, ResponseError, ScopeError,
-    StaleClaim, StaleReason, StoreError, TxError, WriteError,
+    FingerprintError, ForgetError, Holder, OpenError, ReadError, RecoveryError, ResponseError,
+    ScopeError, StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use model::config::{Durability, LooseFile, LoosePermissions, MetricLabels, SelfHeal, Sweep};

@@ -16,8 +16,9 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{ORDERS, TestResult, fp};
+use idemstore::inspect::{Inspector, LogDamage};
 use idemstore::redb::{Database, ReadableTable, TableDefinition};
-use idemstore::{Begin, Response, Scope, Store, Sweep};
+use idemstore::{Begin, Holder, OpenError, Response, Scope, Store, Sweep};
 
 const CHILD: &str = "IDEMSTORE_CLI_CHILD";
 
@@ -596,6 +597,60 @@ fn a_store_held_open_by_a_process_is_refused_naming_it() -> TestResult {
     }
     drop(store);
     assert_eq!(run(&["stats", d])?.code, Some(0), "free again once closed");
+    Ok(())
+}
+
+/// A read command locks the directory shared: no store (nor a writing command) opens it
+/// meanwhile, and each is told a read command has it, not a process that is gone.
+#[test]
+fn a_store_being_read_does_not_open_and_says_who_reads_it() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    closed_store(&dir)?;
+    let inspector = Inspector::open(&dir, LogDamage::Refuse)?;
+    let beside = Store::open(&dir)
+        .err()
+        .ok_or("a store opened beside a reader")?;
+    assert!(
+        matches!(
+            &beside,
+            OpenError::AlreadyOpen {
+                holder: Holder::Readers,
+                ..
+            }
+        ),
+        "{beside:?}"
+    );
+    assert!(
+        beside
+            .to_string()
+            .contains("a read command of the idemstore tool"),
+        "{beside}"
+    );
+    let d = path(&dir);
+    refused(
+        &["evict", d],
+        &["in use by a read command", "wait for it to finish"],
+    )?;
+    assert_eq!(run(&["stats", d])?.code, Some(0), "readers share the lock");
+    drop(inspector);
+    drop(Store::open(&dir)?);
+    Ok(())
+}
+
+/// The lock file is the store's own: a stale one (what a killed process leaves) is neither a
+/// problem for `verify` nor a reason to refuse.
+#[test]
+fn a_stale_lock_file_is_no_problem_and_no_lock() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    closed_store(&dir)?;
+    std::fs::write(dir.join("idemstore.lock"), "4000000000\nedge_service\n")?;
+    let d = path(&dir);
+    let verify = run(&["verify", d])?;
+    assert_eq!(verify.code, Some(0), "{} {}", verify.stdout, verify.stderr);
+    assert!(!verify.stdout.contains("problem:"), "{}", verify.stdout);
+    assert_eq!(run(&["evict", d])?.code, Some(0));
     Ok(())
 }
 

@@ -114,3 +114,20 @@ fn an_existing_store_others_may_read_is_reported_or_refused() -> TestResult {
     assert!(loose.iter().any(|f| f.path == db && f.mode == 0o644));
     Ok(())
 }
+
+#[test]
+fn the_lock_file_is_private_and_reported_when_others_may_read_it() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("idem");
+    drop(common::builder(&clock()).open(&root)?);
+    let lock = root.join("idemstore.lock");
+    assert_eq!(mode(&lock)?, 0o600);
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o644))?;
+    let store = common::builder(&clock()).open(&root)?;
+    let loose = store.stats()?.loose_permissions;
+    assert!(
+        loose.iter().any(|f| f.path == lock && f.mode == 0o644),
+        "{loose:?}"
+    );
+    Ok(())
+}

@@ -226,11 +226,18 @@ impl Builder {
 
     /// Opens (or creates) the store in directory `dir`, creating the directory if absent.
     ///
+    /// The directory is locked first (an exclusive lock on its `idemstore.lock`, which names
+    /// this process for others' messages) and stays locked until the last handle of the store
+    /// is dropped, across every reopen of the database file in between: one writer per store
+    /// directory, always. redb's own lock on the file is not enough, because a reopen lets go
+    /// of it for a moment.
+    ///
     /// # Errors
-    /// [`OpenError`] for an invalid setting, a path that cannot be used, a store already open
-    /// elsewhere, a file of another format, or a table that cannot be registered.
+    /// [`OpenError`] for an invalid setting, a path that cannot be used, a directory another
+    /// store holds ([`OpenError::AlreadyOpen`], naming the holder: in this process or another),
+    /// a file of another format, or a table that cannot be registered.
     pub fn open(self, dir: impl AsRef<Path>) -> Result<Store, OpenError> {
-        self.open_on(Storage::Directory(dir.as_ref().to_path_buf()))
+        self.open_on(|| Storage::directory(dir.as_ref()))
     }
 
     /// Opens (or creates) the store on a simulated disk, for crash and fault tests.
@@ -239,14 +246,18 @@ impl Builder {
     /// As [`Builder::open`].
     #[cfg(feature = "testing")]
     pub fn open_simulated(self, disk: &crate::testing::SimDisk) -> Result<Store, OpenError> {
-        self.open_on(Storage::Simulated(disk.clone()))
+        self.open_on(|| Ok(Storage::Simulated(disk.clone())))
     }
 
-    fn open_on(self, storage: Storage) -> Result<Store, OpenError> {
+    /// Checks the settings, then opens `storage`: a bad setting locks and creates nothing.
+    fn open_on(
+        self,
+        storage: impl FnOnce() -> Result<Storage, OpenError>,
+    ) -> Result<Store, OpenError> {
         if let Some(e) = self.bad_table {
             return Err(e);
         }
         self.config.validate()?;
-        Store::open_with(storage, self.config, self.tables)
+        Store::open_with(storage()?, self.config, self.tables)
     }
 }

@@ -37,7 +37,7 @@ pub use lifecycle::{
     ClaimError, CommitError, ExecuteError, ForgetError, StaleClaim, StaleReason, WriteError,
 };
 pub use maintenance::CompactError;
-pub use open::{BadTableReason, OpenError};
+pub use open::{BadTableReason, Holder, OpenError};
 #[cfg(feature = "postgres")]
 pub use postgres::PgOpenError;
 pub use recovery::RecoveryError;

@@ -25,13 +25,15 @@ pub enum OpenError {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// Another store (in this or another process) has the directory open.
-    #[error(
-        "{path} is already open in this or another process; close the other store first (one writer per directory)"
-    )]
+    /// The store's directory is locked: another store has it open, in this process or another,
+    /// or the `idemstore` tool is reading it. A store directory has one writer at a time, for
+    /// the store's whole life (reopens included), so nothing was opened.
+    #[error("the store in {path} is in use by {holder}; {}", holder.advice())]
     AlreadyOpen {
-        /// The database file.
+        /// The store's directory.
         path: PathBuf,
+        /// Who holds it, as its lock file says.
+        holder: Holder,
     },
     /// redb could not open the database file.
     #[error(
@@ -111,6 +113,62 @@ pub enum OpenError {
     /// The writer thread could not be started.
     #[error("cannot start the writer thread: {0}")]
     Thread(#[source] std::io::Error),
+}
+
+/// Who holds a store directory's lock, as the holder recorded it in the lock file: for
+/// messages only. The lock decides who may open the store; a file with no lock held names
+/// nobody.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// A process with the store open: another one, or this one (a second `Store::open` of a
+    /// directory this process already has open).
+    Process {
+        /// Its process id.
+        pid: u32,
+        /// Its executable's name, when it could tell.
+        name: Option<String>,
+    },
+    /// Read commands of the `idemstore` tool: they lock the directory shared while they read,
+    /// and record nothing, because they must not write.
+    Readers,
+    /// A holder that recorded nothing: it has only just taken the lock, or it is an idemstore
+    /// build older than the lock file, which locks only the database file.
+    Unknown,
+}
+
+impl Holder {
+    /// What to do about it, for a store that wants to open the directory.
+    fn advice(&self) -> &'static str {
+        match self {
+            Holder::Process { pid, .. } if *pid == std::process::id() => {
+                "use (clone) the Store already open instead of opening the directory twice, or drop it first"
+            }
+            Holder::Readers => "wait for it to finish, then open again",
+            Holder::Process { .. } | Holder::Unknown => {
+                "stop it first, or give each process a directory of its own (one writer per store directory)"
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Holder::Process { pid, name } => {
+                if *pid == std::process::id() {
+                    f.write_str("this process, ")?;
+                }
+                write!(f, "process {pid}")?;
+                match name {
+                    Some(name) => write!(f, " ({name})"),
+                    None => Ok(()),
+                }
+            }
+            Holder::Readers => f.write_str("a read command of the idemstore tool"),
+            Holder::Unknown => f.write_str("another process (it did not record its pid)"),
+        }
+    }
 }
 
 /// Why a business table could not be registered.

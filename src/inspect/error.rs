@@ -2,16 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::error::RecoveryError;
-
-/// A process that has a store's database file open.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    /// Its process id.
-    pub pid: u32,
-    /// Its command name, when the system shows it.
-    pub name: Option<String>,
-}
+use crate::error::{Holder, RecoveryError};
 
 /// A store directory could not be inspected. Nothing was changed on disk.
 #[derive(Debug, thiserror::Error)]
@@ -31,16 +22,15 @@ pub enum InspectError {
         /// What is missing or wrong.
         reason: String,
     },
-    /// A running process has the store open: redb allows one writer and no reader beside it.
-    #[error(
-        "{path} is in use by {}, stop it or use the service's /stats",
-        describe(holders)
-    )]
+    /// The store's directory is locked: a running process has the store open (its lock admits
+    /// no reader beside the writer), or, for `evict` and `compact`, which open it for writing,
+    /// a read command is reading it.
+    #[error("{path} is in use by {holder}, {}", advice(holder))]
     InUse {
         /// The store's directory.
         path: PathBuf,
-        /// The processes found holding the database file (empty if the system does not say).
-        holders: Vec<Holder>,
+        /// Who holds it, as its lock file says.
+        holder: Holder,
     },
     /// redb could not open or read the database file.
     #[error(
@@ -96,18 +86,11 @@ pub enum InspectError {
     },
 }
 
-fn describe(holders: &[Holder]) -> String {
-    if holders.is_empty() {
-        return "another process (its pid is not visible to this user)".into();
+fn advice(holder: &Holder) -> &'static str {
+    match holder {
+        Holder::Readers => "wait for it to finish",
+        _ => "stop it or use the service's /stats",
     }
-    let each: Vec<String> = holders
-        .iter()
-        .map(|h| match &h.name {
-            Some(name) => format!("process {} ({name})", h.pid),
-            None => format!("process {}", h.pid),
-        })
-        .collect();
-    each.join(", ")
 }
 
 impl InspectError {

@@ -8,8 +8,9 @@
 //! open) is laid over the database's tables in memory, so answers match what the store would
 //! say once opened.
 //!
-//! redb admits no reader beside a writer: a store open in a running process cannot be
-//! inspected, and [`InspectError::InUse`] names the process (ask the service's own stats
+//! An inspector locks the store's directory shared for as long as it lives (no store opens
+//! meanwhile), and a store open in a running process, which holds the lock exclusively, cannot
+//! be inspected: [`InspectError::InUse`] names the process (ask the service's own stats
 //! instead).
 //!
 //! ```
@@ -42,8 +43,9 @@ mod open;
 mod records;
 mod verify;
 
-pub use error::{Holder, InspectError};
+pub use crate::error::Holder;
+pub use error::InspectError;
 pub use log::{FrameStatus, LogFrame, LogOp, OpKind, SegmentDamage};
-pub use open::{Closed, FrameAt, Inspector, LogDamage, holders_of_store};
+pub use open::{Closed, FrameAt, Inspector, LogDamage};
 pub use records::{Entry, Filter, StateFilter, Summary};
 pub use verify::{Problem, Verification};

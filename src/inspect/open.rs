@@ -13,12 +13,12 @@ use redb::{
 use crate::engine::layout::{
     FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
 };
-use crate::error::RecoveryError;
+use crate::error::{Holder, RecoveryError};
 use crate::model::clock::{Clock, SystemClock, Timestamp};
-use crate::storage::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
+use crate::storage::{CopyOnWrite, ReadOnlyLogDir, SharedLock, SharedLockError, db_file};
 use crate::wal::{Checkpoint, RecoveryReport, listing, recover};
 
-use super::error::{Holder, InspectError};
+use super::error::InspectError;
 
 /// What to do when the log past the checkpoint cannot be read back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +66,8 @@ pub(super) struct Pending {
 }
 
 /// A store directory opened for reading only: nothing is created, written, replayed or
-/// truncated. The database is opened with [`redb::ReadOnlyDatabase`]; a file that was not
+/// truncated, and the directory is locked shared while the inspector lives, so no store opens
+/// it meanwhile. The database is opened with [`redb::ReadOnlyDatabase`]; a file that was not
 /// closed cleanly, which redb would have to repair first, is repaired in memory over a file
 /// opened for reading (its writes never reach the disk).
 ///
@@ -79,6 +80,9 @@ pub struct Inspector {
     pub(super) checkpoint: u64,
     pub(super) pending: Result<Pending, RecoveryError>,
     pub(super) now: Timestamp,
+    /// The directory's shared lock (`None` for a store never opened by a build that locks
+    /// it). Declared last: it is let go after the database is closed.
+    _lock: Option<SharedLock>,
 }
 
 impl std::fmt::Debug for Inspector {
@@ -102,9 +106,9 @@ impl Inspector {
     /// Opens the store in `dir` for reading.
     ///
     /// # Errors
-    /// [`InspectError`]: no such directory, not a store, in use by a running process (redb
-    /// admits no reader beside its writer), a database that needs a repair, or (with
-    /// [`LogDamage::Refuse`]) a log that cannot be read back.
+    /// [`InspectError`]: no such directory, not a store, in use by a running process (the
+    /// store's lock admits no reader beside its writer), a database that needs a repair, or
+    /// (with [`LogDamage::Refuse`]) a log that cannot be read back.
     pub fn open(dir: impl AsRef<Path>, on_damage: LogDamage) -> Result<Inspector, InspectError> {
         let dir = dir.as_ref().to_path_buf();
         if !dir.is_dir() {
@@ -117,6 +121,13 @@ impl Inspector {
                 reason: "it has no idemstore.redb".into(),
             });
         }
+        let lock = SharedLock::acquire(&dir).map_err(|e| match e {
+            SharedLockError::Held(holder) => InspectError::InUse {
+                path: dir.clone(),
+                holder,
+            },
+            SharedLockError::Io { path, source } => InspectError::Io { path, source },
+        })?;
         let db = open_db(&dir, &path)?;
         let txn = db
             .begin_read()
@@ -175,6 +186,7 @@ impl Inspector {
             checkpoint,
             pending,
             now: SystemClock.now(),
+            _lock: lock,
         })
     }
 
@@ -362,8 +374,9 @@ fn open_db(dir: &Path, path: &Path) -> Result<Db, InspectError> {
     };
     match ReadOnlyDatabase::open(path) {
         Ok(db) => Ok(Db::ReadOnly(db)),
+        // Held without the directory's lock: by an idemstore build older than the lock file.
         Err(DatabaseError::DatabaseAlreadyOpen) => Err(InspectError::InUse {
-            holders: holders_of(dir),
+            holder: Holder::Unknown,
             path: dir.to_path_buf(),
         }),
         // A crash (or a process that exited without closing the store) leaves the allocator
@@ -389,19 +402,6 @@ fn open_db(dir: &Path, path: &Path) -> Result<Db, InspectError> {
         }),
         Err(other) => Err(not_redb(other.to_string())),
     }
-}
-
-fn holders_of(dir: &Path) -> Vec<Holder> {
-    holders(&db_file(dir))
-        .into_iter()
-        .map(|(pid, name)| Holder { pid, name })
-        .collect()
-}
-
-/// The processes that have the store in `dir` open (Linux, through `/proc`; empty elsewhere
-/// or when the system does not show them).
-pub fn holders_of_store(dir: impl AsRef<Path>) -> Vec<Holder> {
-    holders_of(dir.as_ref())
 }
 
 fn meta_u64(

@@ -2,10 +2,12 @@
 //! simulated disk that can crash and fail on purpose.
 //!
 //! The engine sees two things through here: the redb database and the log directory. Nothing
-//! else in the crate touches files, which is what lets the crash tests swap the disk out.
+//! else in the crate touches files, which is what lets the crash tests swap the disk out. A
+//! real directory is also locked (`lock`) for as long as its `Storage` lives.
 
 mod dir;
 mod fs;
+mod lock;
 #[cfg(feature = "cli")]
 mod read_only;
 mod rewrite;
@@ -14,6 +16,7 @@ mod watched;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use redb::{Database, DatabaseError};
 
@@ -23,8 +26,11 @@ use crate::model::config::LooseFile;
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
+use lock::{DirLock, LOCK_FILE};
 #[cfg(feature = "cli")]
-pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file, holders};
+pub(crate) use lock::{SharedLock, SharedLockError};
+#[cfg(feature = "cli")]
+pub(crate) use read_only::{CopyOnWrite, ReadOnlyLogDir, db_file};
 pub(crate) use watched::SyncWatch;
 
 /// The database file inside the store's directory.
@@ -66,8 +72,13 @@ pub(crate) trait LogFile: Send + fmt::Debug {
 /// The bytes behind a store.
 #[derive(Clone)]
 pub(crate) enum Storage {
-    /// A directory on the real file system: `idemstore.redb` and `wal/`.
-    Directory(PathBuf),
+    /// A directory on the real file system: `idemstore.redb`, `wal/` and `idemstore.lock`.
+    Directory {
+        dir: PathBuf,
+        /// Held by every clone (the engine's and the writer's), so the directory stays locked
+        /// across every reopen of the database and until the last database handle is gone.
+        _lock: Arc<DirLock>,
+    },
     /// A simulated disk for crash and fault tests.
     #[cfg(feature = "testing")]
     Simulated(crate::testing::SimDisk),
@@ -76,7 +87,7 @@ pub(crate) enum Storage {
 impl fmt::Debug for Storage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Storage::Directory(path) => f.debug_tuple("Directory").field(path).finish(),
+            Storage::Directory { dir, .. } => f.debug_tuple("Directory").field(dir).finish(),
             #[cfg(feature = "testing")]
             Storage::Simulated(_) => f.write_str("Simulated"),
         }
@@ -84,6 +95,25 @@ impl fmt::Debug for Storage {
 }
 
 impl Storage {
+    /// The store's directory `dir`, created (with every missing parent, durably) if absent and
+    /// locked: a second `Storage` of it, in any process, is refused until this one and all its
+    /// clones are dropped.
+    ///
+    /// # Errors
+    /// [`OpenError::AlreadyOpen`] naming the holder; [`OpenError::Io`] if the directory or its
+    /// lock file cannot be made or locked.
+    pub(crate) fn directory(dir: &Path) -> Result<Storage, OpenError> {
+        fs::create_dir_durable(dir).map_err(|source| OpenError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let lock = DirLock::acquire(dir)?;
+        Ok(Storage::Directory {
+            dir: dir.to_path_buf(),
+            _lock: Arc::new(lock),
+        })
+    }
+
     /// Opens the redb database, creating it (and the store's directory) first if absent.
     ///
     /// A new file is built under a temporary name and renamed into place once redb has
@@ -99,7 +129,7 @@ impl Storage {
         watch: &std::sync::Arc<SyncWatch>,
     ) -> Result<Database, OpenError> {
         match self {
-            Storage::Directory(dir) => {
+            Storage::Directory { dir, .. } => {
                 let io = |path: &Path| {
                     let path = path.to_path_buf();
                     move |source| OpenError::Io { path, source }
@@ -169,8 +199,8 @@ impl Storage {
     }
 
     /// The store's files and directories that users other than the owner may read: its
-    /// directory, the database file, the log directory and its segments. Empty for a
-    /// simulated disk.
+    /// directory, the database file, the lock file, the log directory and its segments. Empty
+    /// for a simulated disk.
     pub(crate) fn loose_permissions(&self) -> io::Result<Vec<LooseFile>> {
         #[cfg_attr(
             not(feature = "testing"),
@@ -179,10 +209,15 @@ impl Storage {
                 reason = "Simulated exists with `testing` only"
             )
         )]
-        let Storage::Directory(dir) = self else {
+        let Storage::Directory { dir, .. } = self else {
             return Ok(Vec::new());
         };
-        let mut paths = vec![dir.clone(), dir.join(DB_FILE), dir.join(LOG_DIR)];
+        let mut paths = vec![
+            dir.clone(),
+            dir.join(DB_FILE),
+            dir.join(LOCK_FILE),
+            dir.join(LOG_DIR),
+        ];
         if let Ok(entries) = std::fs::read_dir(dir.join(LOG_DIR)) {
             for entry in entries {
                 paths.push(entry?.path());
@@ -203,7 +238,7 @@ impl Storage {
     /// The log directory, created if absent.
     pub(crate) fn log_dir(&self) -> Result<Box<dyn LogDir>, OpenError> {
         match self {
-            Storage::Directory(dir) => {
+            Storage::Directory { dir, .. } => {
                 let path = dir.join(LOG_DIR);
                 Ok(Box::new(
                     FsLogDir::open(&path).map_err(|source| OpenError::Io { path, source })?,
@@ -226,7 +261,7 @@ impl Storage {
     /// The log directory if it exists (a store never opened with the log has none).
     pub(crate) fn existing_log_dir(&self) -> Result<Option<Box<dyn LogDir>>, OpenError> {
         match self {
-            Storage::Directory(dir) if !dir.join(LOG_DIR).is_dir() => Ok(None),
+            Storage::Directory { dir, .. } if !dir.join(LOG_DIR).is_dir() => Ok(None),
             #[cfg(feature = "testing")]
             Storage::Simulated(disk) if !disk.dir_exists(LOG_DIR) => Ok(None),
             _ => self.log_dir().map(Some),
@@ -236,7 +271,7 @@ impl Storage {
     /// The size of the database file in bytes.
     pub(crate) fn db_len(&self) -> io::Result<u64> {
         match self {
-            Storage::Directory(dir) => Ok(std::fs::metadata(dir.join(DB_FILE))?.len()),
+            Storage::Directory { dir, .. } => Ok(std::fs::metadata(dir.join(DB_FILE))?.len()),
             #[cfg(feature = "testing")]
             Storage::Simulated(disk) => Ok(disk.file(DB_FILE).map_or(0, |f| f.len() as u64)),
         }
@@ -245,7 +280,7 @@ impl Storage {
     /// The database file, to name in messages.
     pub(crate) fn db_path(&self) -> PathBuf {
         match self {
-            Storage::Directory(dir) => dir.join(DB_FILE),
+            Storage::Directory { dir, .. } => dir.join(DB_FILE),
             #[cfg(feature = "testing")]
             Storage::Simulated(_) => PathBuf::from(DB_FILE),
         }
@@ -254,7 +289,7 @@ impl Storage {
     /// A path to name in messages about the log directory.
     pub(crate) fn log_path(&self) -> PathBuf {
         match self {
-            Storage::Directory(dir) => dir.join(LOG_DIR),
+            Storage::Directory { dir, .. } => dir.join(LOG_DIR),
             #[cfg(feature = "testing")]
             Storage::Simulated(_) => PathBuf::from(LOG_DIR),
         }
@@ -263,8 +298,10 @@ impl Storage {
 
 fn database_error(path: &Path, e: DatabaseError) -> OpenError {
     match e {
+        // The directory lock is ours, so whoever has the file open does not take that lock.
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
-            path: path.to_path_buf(),
+            path: path.parent().unwrap_or(path).to_path_buf(),
+            holder: crate::error::Holder::Unknown,
         },
         source => OpenError::Database {
             path: path.to_path_buf(),

@@ -1,6 +1,5 @@
 //! Reading a store's directory without changing it (feature `cli`): the database file opened
-//! read-only, the log's segments read with files opened for reading only, and the processes
-//! that hold the database open.
+//! read-only, and the log's segments read with files opened for reading only.
 //!
 //! Nothing here may create, write, lock exclusively or remove a file: an operator inspecting a
 //! store must leave it exactly as they found it.
@@ -103,55 +102,6 @@ impl LogFile for ReadOnlyFile {
 /// The database file of the store in `dir`.
 pub(crate) fn db_file(dir: &Path) -> PathBuf {
     dir.join(DB_FILE)
-}
-
-/// The processes (pid and command name) that have `file` open, found through `/proc` on
-/// Linux; empty elsewhere, or when `/proc` does not show them (another user's processes).
-///
-/// redb locks the file but records no owner, and a pid file would be one more file for the
-/// store to keep right across crashes; `/proc` already knows, and asking it changes nothing.
-pub(crate) fn holders(file: &Path) -> Vec<(u32, Option<String>)> {
-    #[cfg(target_os = "linux")]
-    {
-        let Ok(target) = file.canonicalize() else {
-            return Vec::new();
-        };
-        let me = std::process::id();
-        let Ok(procs) = std::fs::read_dir("/proc") else {
-            return Vec::new();
-        };
-        let mut found = Vec::new();
-        for entry in procs.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
-            let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
-                continue;
-            };
-            let holds = fds
-                .flatten()
-                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|link| link == target));
-            if holds {
-                let name = std::fs::read_to_string(entry.path().join("comm"))
-                    .ok()
-                    .map(|s| s.trim().to_owned());
-                found.push((pid, name));
-            }
-        }
-        found
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = file;
-        Vec::new()
-    }
 }
 
 /// Bytes of one page of [`CopyOnWrite`]'s overlay.

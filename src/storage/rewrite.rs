@@ -23,7 +23,7 @@ impl Storage {
     /// Only while the database is closed.
     pub(crate) fn rewrite_database(&self) -> Result<(), OpenError> {
         match self {
-            Storage::Directory(dir) => {
+            Storage::Directory { dir, .. } => {
                 rewrite_file(dir).map_err(|(path, source)| OpenError::Io { path, source })
             }
             #[cfg(feature = "testing")]

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use idemstore::inspect::{InspectError, holders_of_store};
+use idemstore::inspect::InspectError;
 use idemstore::{Builder, OpenError, RecoveryError, Store};
 
 use fail::{Fail, Outcome};
@@ -72,9 +72,9 @@ fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Re
         .into());
     }
     settings(Store::builder()).open(dir).map_err(|e| match e {
-        OpenError::AlreadyOpen { .. } => Fail::from(InspectError::InUse {
+        OpenError::AlreadyOpen { holder, .. } => Fail::from(InspectError::InUse {
             path: dir.to_path_buf(),
-            holders: holders_of_store(dir),
+            holder,
         }),
         // The tool knows no business table's types, so it cannot replay a log that writes
         // one; the service can.
