@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use idemstore::sqlx::{self, AssertSqlSafe, Row};
-use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix, unreachable};
+use idemstore::testing::postgres::{Prefix, unreachable};
 use idemstore::{
     Begin, BoxError, ClaimError, CommitError, Fingerprint, ManualClock, PgOpenError, PgStore,
     Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
@@ -14,42 +14,25 @@ use idemstore::{
 
 type TestResult = Result<(), BoxError>;
 
-/// Tables under one prefix, dropped when the test ends (pass or fail).
-struct Prefix {
-    url: String,
-    name: String,
+/// Opening stores on a test's prefix.
+trait Open {
+    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder;
+    async fn open(&self, clock: &ManualClock) -> Result<PgStore, BoxError>;
 }
 
-impl Prefix {
-    fn new(tag: &str) -> Self {
-        Prefix {
-            url: database_url(),
-            name: unique_prefix(tag),
-        }
+impl Open for Prefix {
+    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder {
+        PgStore::builder(self.url())
+            .prefix(self.name())
+            .clock(clock.clone())
+            .sweep(Sweep::Off)
     }
 
     async fn open(&self, clock: &ManualClock) -> Result<PgStore, BoxError> {
         self.builder(clock)
             .open()
             .await
-            .map_err(|e| unreachable(&self.url, &e))
-    }
-
-    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder {
-        PgStore::builder(&self.url)
-            .prefix(&self.name)
-            .clock(clock.clone())
-            .sweep(Sweep::Off)
-    }
-
-    fn table(&self, suffix: &str) -> String {
-        format!("{}{suffix}", self.name)
-    }
-}
-
-impl Drop for Prefix {
-    fn drop(&mut self) {
-        drop_prefixes(&self.url, vec![self.name.clone()]);
+            .map_err(|e| unreachable(self.url(), &e))
     }
 }
 
@@ -250,7 +233,7 @@ async fn bad_input_gets_the_local_stores_errors() -> TestResult {
         .max_checkpoint_bytes(16)
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let mut claim = claimed(store.begin(&scope("b1"), fp("r")).await?)?;
     assert!(matches!(
         claim.checkpoint(vec![0; 17]).await,
@@ -265,8 +248,8 @@ async fn bad_input_gets_the_local_stores_errors() -> TestResult {
         other => return Err(format!("an oversized response: {other:?}").into()),
     };
     claim.complete(Response::new(200, "fits")).await?;
-    let invalid = PgStore::builder(&prefix.url)
-        .prefix(&prefix.name)
+    let invalid = PgStore::builder(prefix.url())
+        .prefix(prefix.name())
         .lease(Duration::ZERO)
         .open()
         .await;
@@ -283,10 +266,10 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
         .timeout(Duration::from_millis(300))
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let claim = claimed(store.begin(&scope("s1"), fp("r")).await?)?;
     // Another session locks the record and sits on it.
-    let blocker = sqlx::PgPool::connect(&prefix.url).await?;
+    let blocker = sqlx::PgPool::connect(prefix.url()).await?;
     let mut locked = blocker.begin().await?;
     sqlx::query(AssertSqlSafe(format!(
         "SELECT 1 FROM {} WHERE key = 's1' FOR UPDATE",
@@ -320,13 +303,13 @@ async fn the_pool_reconnects_after_its_connection_is_killed() -> TestResult {
         .pool_size(1)
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let claim = claimed(store.begin(&scope("c1"), fp("r")).await?)?;
     let pid: i32 = sqlx::query("SELECT pg_backend_pid()")
         .fetch_one(store.pool())
         .await?
         .try_get(0)?;
-    let admin = sqlx::PgPool::connect(&prefix.url).await?;
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
     let killed: bool = sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&admin)
@@ -375,7 +358,7 @@ async fn the_sweeper_evicts_what_is_due_in_batches() -> TestResult {
         })
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     for i in 0..5 {
         let claim = claimed(store.begin(&scope(&format!("s{i}")), fp("r")).await?)?;
         claim.complete(Response::new(200, "done")).await?;
@@ -412,7 +395,7 @@ async fn only_a_waited_for_completion_notifies_and_its_waiter_gets_the_response(
     let prefix = Prefix::new("notify");
     let clock = clock();
     let store = prefix.open(&clock).await?;
-    let mut listener = sqlx::postgres::PgListener::connect(&prefix.url).await?;
+    let mut listener = sqlx::postgres::PgListener::connect(prefix.url()).await?;
     listener.listen(&prefix.table("done")).await?;
 
     // Nobody waits for this one: no notification (a notifying commit serializes).
@@ -599,7 +582,7 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
 
     // The session holding this prefix's relay lock (the two-key form: "idem", hash of the
     // outbox table's name) is the relay's own connection: kill it.
-    let admin = sqlx::PgPool::connect(&prefix.url).await?;
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
     let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
                   AND objsubid = 2 AND classid = 1768187245::oid \
                   AND objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296";
