@@ -170,17 +170,20 @@ impl Delivery {
 }
 
 impl PgStore {
-    /// The first `limit` pending messages by seq, read on the lock's connection.
+    /// The first `limit` pending messages by seq, none of a subject in `skip`, read on the
+    /// lock's connection.
     pub(crate) async fn pending_on(
         &self,
         delivery: &mut Delivery,
         limit: usize,
+        skip: &[String],
     ) -> Result<Vec<Message>, StoreError> {
         let rows = timed(
             self.call_limit(),
             "read the outbox",
             sqlx::query(AssertSqlSafe(self.inner.sql.pending.clone()))
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind(skip)
                 .fetch_all(&mut delivery.conn),
         )
         .await?;
