@@ -240,7 +240,7 @@ impl PgStore {
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
         let inner = &self.inner;
-        let (config, limit) = (&inner.config, inner.config.timeout.saturating_mul(2));
+        let (config, limit) = (&inner.config, self.call_limit());
         let tombstone_ms = duration_i64(config.tombstone_ttl);
         for _ in 0..RACES {
             let claimed = timed(
@@ -353,7 +353,7 @@ impl PgStore {
             query = query.bind(duration_i64(config.tombstone_ttl));
         }
         let row = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "evict",
             query.fetch_one(&self.inner.pool),
         )
@@ -366,7 +366,7 @@ impl PgStore {
     pub(crate) async fn list_abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
         let config = &self.inner.config;
         let rows = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "list abandoned work",
             sqlx::query(AssertSqlSafe(self.inner.sql.abandoned.clone()))
                 .bind(config.now())
@@ -380,7 +380,7 @@ impl PgStore {
     pub(crate) async fn exact_stats(&self) -> Result<Stats, StoreError> {
         let config = &self.inner.config;
         let row = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "count records",
             sqlx::query(AssertSqlSafe(self.inner.sql.stats.clone()))
                 .bind(config.now())
@@ -425,7 +425,7 @@ impl PgStore {
 
     /// The time limit of one call that may wait for a connection and then run a statement.
     pub(crate) fn call_limit(&self) -> Duration {
-        self.inner.config.timeout.saturating_mul(2)
+        self.inner.config.bounds.call
     }
 }
 

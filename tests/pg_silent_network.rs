@@ -1,0 +1,237 @@
+//! A silent network between the PostgreSQL backend and its database: an in-test proxy
+//! (`common::proxy`) holds a connection (both sockets open, nothing forwarded either way, as
+//! in a partition or a frozen peer) or drops it, at the moment that hurts most. Each case ends
+//! with the key answerable within about a lease and no side effect kept twice.
+//!
+//! The bounds under test come from the store's settings (`PgBuilder::lease` and `timeout`):
+//! here a 4 s lease and a 500 ms timeout, so the server ends a silent session after 4 s.
+//! Time in the database moves on a manual clock; real time passes only while a network
+//! timeout runs, which is the subject. Needs the database at `IDEMSTORE_PG_URL`; fails,
+//! never skips, without it.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::proxy::{Cut, Proxy};
+use common::{fp, scope};
+use idemstore::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
+use idemstore::testing::postgres::{Prefix, unreachable};
+use idemstore::{
+    Begin, BoxError, CommitError, ManualClock, PgStore, Protocol, ProtocolClaim, Response, Scope,
+    StoreError, Sweep, Timestamp,
+};
+
+type TestResult = Result<(), BoxError>;
+
+const LEASE: Duration = Duration::from_secs(4);
+const TIMEOUT: Duration = Duration::from_millis(500);
+/// How long after a fault a case waits for the key to answer: the lease (the server's
+/// silence bound), one call's limit, and room for a loaded machine.
+const ANSWER_WITHIN: Duration = Duration::from_secs(9);
+
+/// The `COMMIT` sqlx sends: a simple-protocol `Query` message (tag, length 11, the text).
+const COMMIT: &[u8] = b"Q\0\0\0\x0bCOMMIT\0";
+
+/// Whether a store reaches the database through the proxy or directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Proxy,
+    Direct,
+}
+
+/// One case's world: the proxy, an admin pool straight to the database, the manual clock
+/// every store of the case shares, and its prefix. In this order: dropping the proxy first
+/// closes the held connections, so that the sessions they keep cannot block the drop of the
+/// case's tables.
+struct Net {
+    proxy: Proxy,
+    admin: PgPool,
+    clock: ManualClock,
+    prefix: Prefix,
+}
+
+impl Net {
+    async fn new(tag: &str) -> Result<Net, BoxError> {
+        let prefix = Prefix::new(tag);
+        let url = prefix.url().to_owned();
+        let options: sqlx::postgres::PgConnectOptions =
+            url.parse().map_err(|e| unreachable(&url, &e))?;
+        let upstream: SocketAddr =
+            tokio::net::lookup_host((options.get_host(), options.get_port()))
+                .await
+                .map_err(|e| unreachable(&url, &e))?
+                .next()
+                .ok_or_else(|| unreachable(&url, &"the host resolves to no address"))?;
+        let proxy = Proxy::start(upstream).await?;
+        let admin = PgPool::connect(&url)
+            .await
+            .map_err(|e| unreachable(&url, &e))?;
+        let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
+        Ok(Net {
+            prefix,
+            proxy,
+            admin,
+            clock,
+        })
+    }
+
+    fn builder(&self, via: Via) -> idemstore::PgBuilder {
+        let url = match via {
+            Via::Proxy => self.proxy.url(self.prefix.url()),
+            Via::Direct => self.prefix.url().to_owned(),
+        };
+        PgStore::builder(&url)
+            .prefix(self.prefix.name())
+            .lease(LEASE)
+            .timeout(TIMEOUT)
+            .clock(self.clock.clone())
+            .sweep(Sweep::Off)
+    }
+
+    async fn open(&self, via: Via) -> Result<PgStore, BoxError> {
+        self.builder(via)
+            .open()
+            .await
+            .map_err(|e| unreachable(self.prefix.url(), &e))
+    }
+
+    /// The business table: one row per order, written in the claim's transaction.
+    async fn orders(&self) -> Result<String, BoxError> {
+        let table = self.prefix.table("orders");
+        sqlx::query(AssertSqlSafe(format!(
+            "CREATE TABLE {table} (id text PRIMARY KEY)"
+        )))
+        .execute(&self.admin)
+        .await?;
+        Ok(table)
+    }
+
+    async fn count(&self, table: &str) -> Result<i64, BoxError> {
+        Ok(
+            sqlx::query_scalar(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(&self.admin)
+                .await?,
+        )
+    }
+
+    /// The proxy's name for the session `pid`: its client port.
+    async fn port_of(&self, pid: i32) -> Result<u16, BoxError> {
+        let port: Option<i32> =
+            sqlx::query_scalar("SELECT client_port FROM pg_stat_activity WHERE pid = $1")
+                .bind(pid)
+                .fetch_one(&self.admin)
+                .await?;
+        let port = port.ok_or("the session has no client port (not over TCP?)")?;
+        Ok(u16::try_from(port)?)
+    }
+}
+
+fn claimed<C>(begin: Begin<C>) -> Result<C, BoxError> {
+    match begin {
+        Begin::Claimed(c) | Begin::Recovered(c) => Ok(c),
+        other => Err(format!("expected a claim, got {}", other.outcome()).into()),
+    }
+}
+
+async fn insert(conn: &mut PgConnection, table: &str, id: &str) -> Result<(), BoxError> {
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {table} (id) VALUES ($1)"
+    )))
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, BoxError> {
+    Ok(sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await?)
+}
+
+/// Asks `store` for `scope` until it answers (a `Backend` error is the database not
+/// answering: asked again), for at most [`ANSWER_WITHIN`] after `since`.
+async fn answer(
+    store: &PgStore,
+    key: &Scope,
+    since: Instant,
+) -> Result<Begin<idemstore::PgClaim>, BoxError> {
+    loop {
+        match store.begin(key, fp("r")).await {
+            Ok(answer) => return Ok(answer),
+            Err(StoreError::Backend { message }) => {
+                if since.elapsed() > ANSWER_WITHIN {
+                    return Err(format!(
+                        "{key} still unanswerable {:?} after the fault: {message}",
+                        since.elapsed()
+                    )
+                    .into());
+                }
+            }
+            Err(other) => return Err(other.into()),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The completion's `COMMIT` is lost on its way (`Cut::Before`: the server never sees it,
+/// and its session sits idle in the transaction, holding the record's row lock) or its answer
+/// is (`Cut::After`: it committed). The holder is told `OutcomeUnknown`; another instance
+/// then gets an answer within about a lease: a take-over (`Recovered`) that commits the order
+/// once, or the `Replay` of the commit that landed. Before the server ended silent sessions
+/// in a transaction, the lock stayed until the kernel gave up (hours), and every begin of the
+/// key timed out meanwhile.
+async fn a_lost_commit(cut: Cut) -> TestResult {
+    let net = Net::new("lostcommit").await?;
+    let (holder, other) = (net.open(Via::Proxy).await?, net.open(Via::Direct).await?);
+    let table = net.orders().await?;
+    let key = scope("k");
+    let claim = claimed(holder.begin(&key, fp("r")).await?)?;
+    let mut tx = claim.transaction().await?;
+    insert(tx.conn(), &table, "order-k").await?;
+    let port = net.port_of(backend_pid(tx.conn()).await?).await?;
+    assert!(
+        net.proxy.hold_on(port, COMMIT, cut),
+        "no proxied connection on {port}"
+    );
+    let lost = Instant::now();
+    match tx.commit(Response::new(201, "first")).await {
+        Err(CommitError::Store(StoreError::OutcomeUnknown { .. })) => {}
+        other => return Err(format!("a commit without an answer: {other:?}").into()),
+    }
+    assert!(net.proxy.is_held(port), "the COMMIT never went out");
+    net.clock.advance(LEASE);
+    match (cut, answer(&other, &key, lost).await?) {
+        (Cut::Before, Begin::Recovered(claim)) => {
+            assert_eq!(claim.attempt(), 2);
+            let mut tx = claim.transaction().await?;
+            insert(tx.conn(), &table, "order-k").await?;
+            tx.commit(Response::new(201, "second")).await?;
+        }
+        (Cut::After, Begin::Replay(stored)) => assert_eq!(stored.body(), b"first"),
+        (_, answer) => return Err(format!("{cut:?}: got {}", answer.outcome()).into()),
+    }
+    eprintln!(
+        "{cut:?}: answerable {:?} after the lost COMMIT",
+        lost.elapsed()
+    );
+    assert_eq!(net.count(&table).await?, 1, "the order, once");
+    // The holder's own instance answers too: its silent connection did not stay in its pool.
+    assert!(matches!(
+        answer(&holder, &key, lost).await?,
+        Begin::Replay(_)
+    ));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_lost_on_its_way_frees_the_key_within_about_a_lease() -> TestResult {
+    a_lost_commit(Cut::Before).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_replayed() -> TestResult {
+    a_lost_commit(Cut::After).await
+}
