@@ -235,3 +235,117 @@ async fn a_commit_lost_on_its_way_frees_the_key_within_about_a_lease() -> TestRe
 async fn a_commit_whose_answer_is_lost_is_replayed() -> TestResult {
     a_lost_commit(Cut::After).await
 }
+
+/// Every connection of the pool fails at once while each is inside a holder's transaction,
+/// first closed (a reset, a restarted middlebox), then silent (a partition: sockets open,
+/// nothing answered). The commits fail within their limit, the pool replaces the
+/// connections, and each key is answerable within about a lease: in progress while its
+/// holder's lease runs, then recovered, its order committed once. Before, a silent
+/// connection handed back to the pool waited there for an answer that never came, holding
+/// its place: with every place taken, the pool had nothing left to hand out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_that_loses_every_connection_at_once_answers_within_about_a_lease() -> TestResult {
+    const POOL: usize = 3;
+    let net = Net::new("poolloss").await?;
+    let store = net
+        .builder(Via::Proxy)
+        .pool_size(POOL as u32)
+        .open()
+        .await
+        .map_err(|e| unreachable(net.prefix.url(), &e))?;
+    let table = net.orders().await?;
+    for (round, fault) in ["closed", "silent"].into_iter().enumerate() {
+        let keys: Vec<String> = (0..POOL).map(|i| format!("{fault}-{i}")).collect();
+        let mut txs = Vec::new();
+        for key in &keys {
+            let claim = claimed(store.begin(&scope(key), fp("r")).await?)?;
+            let mut tx = claim.transaction().await?;
+            insert(tx.conn(), &table, key).await?;
+            txs.push(tx);
+        }
+        let lost = Instant::now();
+        let cut = if fault == "closed" {
+            net.proxy.drop_all()
+        } else {
+            net.proxy.hold_all()
+        };
+        assert_eq!(cut, POOL, "{fault}: the pool's connections");
+        let commits: Vec<_> = txs
+            .into_iter()
+            .map(|tx| tokio::spawn(tx.commit(Response::new(201, "never"))))
+            .collect();
+        for commit in commits {
+            match commit.await? {
+                Err(CommitError::Store(
+                    StoreError::Backend { .. } | StoreError::OutcomeUnknown { .. },
+                )) => {}
+                other => {
+                    return Err(format!("{fault}: a commit on a lost connection: {other:?}").into());
+                }
+            }
+        }
+        assert!(
+            lost.elapsed() < Duration::from_secs(4),
+            "{fault}: the commits took {:?}",
+            lost.elapsed()
+        );
+        for key in &keys {
+            match answer(&store, &scope(key), lost).await? {
+                Begin::InProgress { .. } => {}
+                other => {
+                    return Err(
+                        format!("{fault}: within the lease, got {}", other.outcome()).into(),
+                    );
+                }
+            }
+        }
+        net.clock.advance(LEASE);
+        for key in &keys {
+            let claim = match answer(&store, &scope(key), lost).await? {
+                Begin::Recovered(claim) => claim,
+                other => {
+                    return Err(format!("{fault}: after the lease, got {}", other.outcome()).into());
+                }
+            };
+            recommit(claim, &table, key, lost).await?;
+        }
+        eprintln!(
+            "{fault}: answerable and recovered {:?} after the loss",
+            lost.elapsed()
+        );
+        assert_eq!(
+            net.count(&table).await?,
+            ((round + 1) * POOL) as i64,
+            "{fault}: each order once"
+        );
+    }
+    Ok(())
+}
+
+/// Writes the order `id` again in a recovered claim's transaction and commits it. The old
+/// transaction's row is in the way until its session ends (at once when its connection
+/// closed, within the silence bound when it went silent): until then the write times out,
+/// and is tried again.
+async fn recommit(
+    mut claim: idemstore::PgClaim,
+    table: &str,
+    id: &str,
+    since: Instant,
+) -> TestResult {
+    loop {
+        let mut tx = claim.transaction().await?;
+        match insert(tx.conn(), table, id).await {
+            Ok(()) => {
+                tx.commit(Response::new(201, "recovered")).await?;
+                return Ok(());
+            }
+            Err(e) if since.elapsed() < ANSWER_WITHIN => {
+                eprintln!("{id}: writing the order again: {e}");
+                claim = tx.rollback().await;
+            }
+            Err(e) => {
+                return Err(format!("{id}: the order could not be written again ({e})").into());
+            }
+        }
+    }
+}

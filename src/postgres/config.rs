@@ -44,6 +44,14 @@ impl Config {
 /// a dropped idle connection) is replaced; a hot one is not, which would cost a round trip
 /// per call. A connection that dies while in use fails its call with `StoreError::Backend`
 /// and is replaced by the next.
+///
+/// A connection handed back with work still in flight (a call cancelled by its client-side
+/// limit, a transaction dropped with its `ROLLBACK` queued) first finishes that work within
+/// one statement's limit, or is closed: sqlx's own check on release waits for it without a
+/// limit, and a connection gone silent would keep its place in the pool for good (until the
+/// kernel gave up), so that a pool whose connections all went silent at once would never
+/// hand out another. `Connection::flush` (hidden in sqlx's docs, public in its trait) waits
+/// only for what is in flight: nothing, so no round trip, on a clean connection.
 pub(crate) fn pool_options(bounds: Bounds, size: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(size)
@@ -55,6 +63,19 @@ pub(crate) fn pool_options(bounds: Bounds, size: u32) -> PgPoolOptions {
                     sqlx::Connection::ping(conn).await?;
                 }
                 Ok(true)
+            })
+        })
+        .after_release(move |conn, _| {
+            Box::pin(async move {
+                match tokio::time::timeout(bounds.statement, sqlx::Connection::flush(conn)).await {
+                    Ok(flushed) => flushed.map(|()| true),
+                    // An error, not `Ok(false)`: closing politely would write to a socket
+                    // that may not take it.
+                    Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a connection handed back to the pool did not finish its last call",
+                    ))),
+                }
             })
         })
 }
