@@ -8,8 +8,8 @@ use std::time::Duration;
 use idemstore::sqlx::{self, AssertSqlSafe, Row};
 use idemstore::testing::postgres::{Prefix, unreachable};
 use idemstore::{
-    Begin, BoxError, ClaimError, CommitError, Fingerprint, ManualClock, PgOpenError, PgStore,
-    Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
+    Begin, BoxError, ClaimError, Clock, CommitError, Fingerprint, ManualClock, PgOpenError,
+    PgStore, Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
 };
 
 type TestResult = Result<(), BoxError>;
@@ -291,6 +291,64 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
     );
     locked.rollback().await?;
     claim.complete(Response::new(200, "after")).await?;
+    Ok(())
+}
+
+/// The keep-alive renews on connections of its own: with both of a pool of two inside the
+/// holder's own open transactions, the lease still moves, and another instance finds the
+/// holder live after the original lease has passed (no take-over, so the holder's work never
+/// runs twice). Time moves on the manual clock; the wait is for the renewal's statement only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_go_on_while_the_holders_transactions_fill_the_pool() -> TestResult {
+    let prefix = Prefix::new("renew");
+    let clock = clock();
+    let lease = Duration::from_millis(600);
+    let open = |pool_size| {
+        prefix
+            .builder(&clock)
+            .lease(lease)
+            .timeout(Duration::from_secs(1))
+            .pool_size(pool_size)
+            .open()
+    };
+    let holder = open(2).await.map_err(|e| unreachable(prefix.url(), &e))?;
+    let other = open(2).await.map_err(|e| unreachable(prefix.url(), &e))?;
+    let claim = claimed(holder.begin(&scope("r1"), fp("r")).await?)?;
+    let second = claimed(holder.begin(&scope("r2"), fp("r")).await?)?;
+    let _alive = claim.keep_alive();
+    let first_end = claim.lease_until().as_millis();
+    // Both pooled connections now sit in the holder's own transactions.
+    let tx = claim.transaction().await?;
+    let tx2 = second.transaction().await?;
+    clock.advance(lease * 2 / 3);
+    let wanted = clock.now().as_millis() + 600;
+    let lease_end = format!(
+        "SELECT lease_until_ms FROM {} WHERE key = 'r1'",
+        prefix.table("records")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let end: i64 = sqlx::query_scalar(AssertSqlSafe(lease_end.clone()))
+            .fetch_one(other.pool())
+            .await?;
+        if u64::try_from(end).unwrap_or(0) >= wanted {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was not renewed while the pool was full (still ends at {end}, first at {first_end})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the first lease's end: a live holder is not taken over.
+    clock.advance(lease * 2 / 3);
+    assert!(clock.now().as_millis() > first_end);
+    match other.begin(&scope("r1"), fp("r")).await? {
+        Begin::InProgress { .. } => {}
+        answer => return Err(format!("a live holder was {}", answer.outcome()).into()),
+    }
+    tx.commit(Response::new(201, "done")).await?;
+    drop(tx2.rollback().await);
     Ok(())
 }
 

@@ -342,7 +342,8 @@ impl PgClaim {
     }
 }
 
-/// Moves the lease of the holder of `fence`; `None` if it no longer holds.
+/// Moves the lease of the holder of `fence`; `None` if it no longer holds. On the store's
+/// own connections, never the pool the holder's transactions may fill.
 async fn renew(
     store: &PgStore,
     scope: &Scope,
@@ -362,7 +363,7 @@ async fn renew(
             .bind(duration_i64(lease))
             .bind(inner.config.now())
             .bind(extension == Extension::AtLeast)
-            .fetch_optional(&inner.pool),
+            .fetch_optional(&inner.upkeep),
     )
     .await?;
     row.map(|row| {

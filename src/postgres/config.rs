@@ -16,6 +16,11 @@ use crate::model::limits::{MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, 
 /// A pooled connection idle this long is pinged before it is used.
 const IDLE_PING: Duration = Duration::from_secs(1);
 
+/// The store's own connections, besides the pool: lease renewals (keep-alives and
+/// `extend`, one short statement each) share two, and the `LISTEN` connection of
+/// `begin_or_wait` holds one.
+const UPKEEP_CONNECTIONS: u32 = 3;
+
 /// The settings an open store runs with.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -191,7 +196,9 @@ impl PgBuilder {
     }
 
     /// Connections in the pool. Default 10; 1 ..= 10,000. Every open claim transaction holds
-    /// one while it runs.
+    /// one while it runs. The store keeps up to 3 more of its own (lease renewals, and the
+    /// `LISTEN` connection of `begin_or_wait`), opened when first needed, so that a pool full
+    /// of the holders' own transactions never starves the renewals that keep them holders.
     pub fn pool_size(mut self, connections: u32) -> Self {
         self.pool_size = connections;
         self
@@ -267,6 +274,7 @@ impl PgBuilder {
         let options = options
             .application_name("idemstore")
             .options(bounds.session());
+        let upkeep = pool_options(bounds, UPKEEP_CONNECTIONS).connect_lazy_with(options.clone());
         let pool = pool_options(bounds, self.pool_size)
             .connect_with(options)
             .await
@@ -281,6 +289,6 @@ impl PgBuilder {
             bounds,
             clock: self.clock,
         };
-        Ok(PgStore::start(pool, names, config, self.sweep))
+        Ok(PgStore::start([pool, upkeep], names, config, self.sweep))
     }
 }

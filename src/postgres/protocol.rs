@@ -50,7 +50,7 @@ impl Protocol for PgStore {
         let mut waiter = self
             .inner
             .wakeups
-            .subscribe(&self.inner.pool, &self.inner.names.channel);
+            .subscribe(&self.inner.upkeep, &self.inner.names.channel);
         let mut poll = FIRST_POLL;
         loop {
             let answer = self.begin_once(scope, fingerprint).await?;

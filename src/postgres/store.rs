@@ -157,6 +157,11 @@ pub struct PgStore {
 /// What the clones of a store share.
 pub(crate) struct Inner {
     pub(crate) pool: PgPool,
+    /// The store's own connections, apart from the caller's work: lease renewals and the
+    /// `LISTEN` connection. A pool full of the holders' open transactions would otherwise
+    /// make their renewals wait until the lease ran out, and another attempt took a live
+    /// holder over.
+    pub(crate) upkeep: PgPool,
     pub(crate) names: Names,
     pub(crate) sql: Sql,
     pub(crate) config: Config,
@@ -198,11 +203,18 @@ impl PgStore {
         PgBuilder::new(url).open().await
     }
 
-    pub(crate) fn start(pool: PgPool, names: Names, config: Config, sweep: Sweep) -> Self {
+    /// A store over `pool` (the caller's work) and `upkeep` (its own).
+    pub(crate) fn start(
+        [pool, upkeep]: [PgPool; 2],
+        names: Names,
+        config: Config,
+        sweep: Sweep,
+    ) -> Self {
         let sql = Sql::new(&names);
         let store = PgStore {
             inner: Arc::new(Inner {
                 pool,
+                upkeep,
                 names,
                 sql,
                 config,
