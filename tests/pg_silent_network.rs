@@ -12,16 +12,19 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::proxy::{Cut, Proxy};
 use common::{fp, scope};
+use idemstore::relay::{Relay, RelayConfig, Sink};
 use idemstore::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
-use idemstore::testing::postgres::{Prefix, unreachable};
+use idemstore::testing::postgres::{Prefix, relay_lock_holder, unreachable};
 use idemstore::{
-    Begin, BoxError, CommitError, ManualClock, PgStore, Protocol, ProtocolClaim, Response, Scope,
-    StoreError, Sweep, Timestamp,
+    Begin, BoxError, CommitError, ManualClock, Message, PgStore, Protocol, ProtocolClaim, Response,
+    Scope, StoreError, Sweep, Timestamp,
 };
+use parking_lot::Mutex;
 
 type TestResult = Result<(), BoxError>;
 
@@ -125,6 +128,14 @@ impl Net {
                 .await?;
         let port = port.ok_or("the session has no client port (not over TCP?)")?;
         Ok(u16::try_from(port)?)
+    }
+
+    /// The client port of the session holding this prefix's relay lock, if any.
+    async fn relay_lock_port(&self) -> Result<Option<u16>, BoxError> {
+        let holder = relay_lock_holder(&self.admin, self.prefix.name()).await?;
+        Ok(holder
+            .and_then(|(_, port)| port)
+            .and_then(|p| u16::try_from(p).ok()))
     }
 }
 
@@ -234,6 +245,123 @@ async fn a_commit_lost_on_its_way_frees_the_key_within_about_a_lease() -> TestRe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_replayed() -> TestResult {
     a_lost_commit(Cut::After).await
+}
+
+/// Waits (bounded) until `check` holds.
+async fn until(
+    what: &str,
+    within: Duration,
+    mut check: impl AsyncFnMut() -> Result<bool, BoxError>,
+) -> TestResult {
+    let started = Instant::now();
+    while !check().await? {
+        if started.elapsed() > within {
+            return Err(format!("after {within:?}, still not {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+/// Every message any relay handed over, with who did.
+#[derive(Default)]
+struct Arrivals(Mutex<Vec<(String, &'static str)>>);
+
+struct Counting {
+    relay: &'static str,
+    arrivals: Arc<Arrivals>,
+}
+
+impl Sink for Counting {
+    async fn deliver(&self, message: &Message) -> Result<(), BoxError> {
+        self.arrivals
+            .0
+            .lock()
+            .push((message.id.clone(), self.relay));
+        Ok(())
+    }
+}
+
+/// The relay holding the outbox's lock goes silent (its connection held by the proxy): the
+/// server ends that session within the silence bound, the lock goes with it, and a relay
+/// takes over; every message arrives, and the only duplicates are of messages the silent
+/// relay had handed over but could not settle (the documented take-over window). Before,
+/// the server kept the silent session, and the lock, as long as TCP answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_lock_connection_goes_silent_is_taken_over_within_a_bound() -> TestResult {
+    let net = Net::new("silentrelay").await?;
+    let (through, direct) = (net.open(Via::Proxy).await?, net.open(Via::Direct).await?);
+    let mut committed = Vec::new();
+    let mut commit = async |i: usize| -> TestResult {
+        let claim = claimed(direct.begin(&scope(&format!("m{i}")), fp("r")).await?)?;
+        let mut tx = claim.transaction().await?;
+        committed.push(tx.publish("orders.placed", vec![1])?);
+        tx.commit(Response::new(201, "ok")).await?;
+        Ok(())
+    };
+    for i in 0..10 {
+        commit(i).await?;
+    }
+    let arrivals = Arc::new(Arrivals::default());
+    let config = RelayConfig::default()
+        .idle_poll(Duration::from_millis(5))
+        .standby_poll(Duration::from_millis(50));
+    let sink = |relay| Counting {
+        relay,
+        arrivals: arrivals.clone(),
+    };
+    let silent = Relay::start(&through, sink("silent"), config);
+    until(
+        "the first relay delivered",
+        Duration::from_secs(10),
+        async || Ok(arrivals.0.lock().len() >= 10),
+    )
+    .await?;
+    let standby = Relay::start(&direct, sink("standby"), config);
+    let port = net
+        .relay_lock_port()
+        .await?
+        .ok_or("nobody holds the relay lock")?;
+    assert!(
+        net.proxy.hold(port),
+        "the lock's connection is not the proxy's"
+    );
+    let held = Instant::now();
+    let before = arrivals.0.lock().len();
+    for i in 10..30 {
+        commit(i).await?;
+    }
+    until(
+        "every message delivered after the silence",
+        ANSWER_WITHIN,
+        async || {
+            let arrived = arrivals.0.lock();
+            Ok(committed
+                .iter()
+                .all(|id| arrived.iter().any(|(a, _)| a == id)))
+        },
+    )
+    .await?;
+    eprintln!(
+        "delivery went on {:?} after the lock's connection went silent",
+        held.elapsed()
+    );
+    silent.stop().await;
+    standby.stop().await;
+    let arrived = arrivals.0.lock().clone();
+    let mut seen = std::collections::HashSet::new();
+    for (i, (id, _)) in arrived.iter().enumerate() {
+        if !seen.insert(id) {
+            // A second copy: the first went out before the silence (handed over by the
+            // silent relay, never settled), never one delivered after the take-over.
+            let first = arrived.iter().position(|(a, _)| a == id).unwrap_or(i);
+            assert!(
+                first < before || arrived[first].1 == "silent",
+                "{id} delivered twice outside the take-over window: {arrived:?}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Every connection of the pool fails at once while each is inside a holder's transaction,

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use idemstore::sqlx::{self, AssertSqlSafe, Row};
-use idemstore::testing::postgres::{Prefix, unreachable};
+use idemstore::testing::postgres::{Prefix, relay_lock_holder, unreachable};
 use idemstore::{
     Begin, BoxError, ClaimError, Clock, CommitError, Fingerprint, ManualClock, PgOpenError,
     PgStore, Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
@@ -641,13 +641,9 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
     // The session holding this prefix's relay lock (the two-key form: "idem", hash of the
     // outbox table's name) is the relay's own connection: kill it.
     let admin = sqlx::PgPool::connect(prefix.url()).await?;
-    let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                  AND objsubid = 2 AND classid = 1768187245::oid \
-                  AND objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296";
-    let pid: i32 = sqlx::query_scalar(holder)
-        .bind(prefix.table("outbox"))
-        .fetch_one(&admin)
-        .await?;
+    let (pid, _) = relay_lock_holder(&admin, prefix.name())
+        .await?
+        .ok_or("nobody holds the relay lock")?;
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&admin)
@@ -668,11 +664,7 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
     // A stopped relay closes its connection, and the server frees the lock as the session
     // ends (a moment after the close).
     loop {
-        let again: Option<i32> = sqlx::query_scalar(holder)
-            .bind(prefix.table("outbox"))
-            .fetch_optional(&admin)
-            .await?;
-        if again.is_none() {
+        if relay_lock_holder(&admin, prefix.name()).await?.is_none() {
             break;
         }
         assert!(
@@ -688,6 +680,92 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
             .last_error
             .as_deref()
             .is_some_and(|e| e.contains("reading the outbox")),
+        "{stats:?}"
+    );
+    admin.close().await;
+    Ok(())
+}
+
+/// Down (`Unavailable`) until `up`, then takes everything.
+struct DownUntil {
+    up: std::time::Instant,
+    arrived: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl idemstore::relay::Sink for DownUntil {
+    async fn deliver(&self, message: &idemstore::Message) -> Result<(), BoxError> {
+        if std::time::Instant::now() < self.up {
+            return Err(idemstore::relay::Unavailable::new("connection refused").into());
+        }
+        self.arrived.lock().push(message.id.clone());
+        Ok(())
+    }
+}
+
+/// The server ends a relay's session that stays silent for the silence bound (here 4 s,
+/// the floor), so that a silent holder's lock goes. A holder waiting out a sink outage
+/// with longer pauses than that touches its connection meanwhile and keeps its session, and
+/// its lock, to deliver after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_waiting_out_a_long_outage_keeps_its_lock_session() -> TestResult {
+    use idemstore::relay::{Relay, RelayConfig};
+
+    let prefix = Prefix::new("outagelock");
+    let clock = clock();
+    let store = prefix
+        .builder(&clock)
+        .lease(Duration::from_secs(1))
+        .timeout(Duration::from_millis(500))
+        .open()
+        .await
+        .map_err(|e| unreachable(prefix.url(), &e))?;
+    let claim = claimed(store.begin(&scope("k"), fp("r")).await?)?;
+    let mut tx = claim.transaction().await?;
+    let id = tx.publish("orders.placed", b"1".to_vec())?;
+    tx.commit(Response::new(201, "ok")).await?;
+    let arrived = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = DownUntil {
+        up: std::time::Instant::now() + Duration::from_secs(1),
+        arrived: arrived.clone(),
+    };
+    // One pause of 4.5 to 9 s (9 s, less up to half of it at random) after the first attempt:
+    // longer than the silence bound.
+    let config = RelayConfig::default().backoff(Duration::from_secs(9), Duration::from_secs(9));
+    let relay = Relay::start(&store, sink, config);
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some((pid, _)) = relay_lock_holder(&admin, prefix.name()).await? {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    while arrived.lock().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing delivered after the outage: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = relay_lock_holder(&admin, prefix.name()).await?;
+    let stats = relay.stats();
+    relay.stop().await;
+    assert_eq!(*arrived.lock(), [id]);
+    assert_eq!(
+        after.map(|(pid, _)| pid),
+        Some(first),
+        "the same session held the lock through the outage: {stats:?}"
+    );
+    assert!(
+        stats
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("unavailable")),
         "{stats:?}"
     );
     admin.close().await;

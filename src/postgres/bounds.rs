@@ -53,6 +53,18 @@ impl Bounds {
             ("tcp_user_timeout", millis(silence)),
         ]
     }
+
+    /// The statement that bounds the relay lock's session even while it is idle outside a
+    /// transaction: its lock outlives a silent relay by at most `silence`.
+    pub(crate) fn idle_session(&self) -> String {
+        format!("SET idle_session_timeout = {}", millis(self.silence))
+    }
+
+    /// How often a relay holding the lock touches its connection at least, well inside
+    /// `idle_session_timeout`.
+    pub(crate) fn touch(&self) -> Duration {
+        self.silence / 4
+    }
 }
 
 fn millis(d: Duration) -> String {

@@ -140,11 +140,13 @@ async fn run<B: OutboxSource, S: Sink>(
         let Some(held) = handle.as_mut() else {
             continue;
         };
-        // The sink is down: nothing to read until it is worth trying again.
+        // The sink is down: nothing to read until it is worth trying again. Waited out in
+        // short steps, each taking the turn again: over PostgreSQL that keeps the lock's
+        // session from looking silent to the server through a long outage.
         if let Some(at) = outage.retry_at {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {
-                pause(&mut stopped, left).await;
+                pause(&mut stopped, left.min(config.idle_poll.max(BLOCKED_POLL))).await;
                 continue;
             }
         }

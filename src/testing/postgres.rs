@@ -152,6 +152,27 @@ impl Drop for Prefix {
     }
 }
 
+/// The session holding the relay lock of the store under `prefix` (the two-key advisory
+/// lock: "idem", and the hash of the outbox table's name), if any: its backend pid and, over
+/// TCP, its client port.
+///
+/// # Errors
+/// If the database does not answer.
+pub async fn relay_lock_holder(
+    admin: &sqlx::PgPool,
+    prefix: &str,
+) -> Result<Option<(i32, Option<i32>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT l.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+         AND l.classid = 1768187245::oid \
+         AND l.objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296",
+    )
+    .bind(format!("{prefix}outbox"))
+    .fetch_optional(admin)
+    .await
+}
+
 /// Fresh stores in the database at [`database_url`], each under a table prefix of its own;
 /// every table it created is dropped when the harness is.
 #[derive(Debug)]
