@@ -130,6 +130,21 @@ impl Net {
         Ok(u16::try_from(port)?)
     }
 
+    /// The client ports of the sessions listening on this prefix's channel.
+    async fn listening(&self) -> Result<Vec<u16>, BoxError> {
+        let ports: Vec<Option<i32>> = sqlx::query_scalar(
+            "SELECT client_port FROM pg_stat_activity WHERE query = 'LISTEN \"' || $1 || '\"'",
+        )
+        .bind(self.prefix.table("done"))
+        .fetch_all(&self.admin)
+        .await?;
+        Ok(ports
+            .into_iter()
+            .flatten()
+            .filter_map(|p| u16::try_from(p).ok())
+            .collect())
+    }
+
     /// The client port of the session holding this prefix's relay lock, if any.
     async fn relay_lock_port(&self) -> Result<Option<u16>, BoxError> {
         let holder = relay_lock_holder(&self.admin, self.prefix.name()).await?;
@@ -260,6 +275,91 @@ async fn until(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok(())
+}
+
+/// The `LISTEN` connection goes silent: a waiter whose holder completes is answered by its
+/// own poll (within about a second), one whose holder dies is answered when the lease ends,
+/// and the store notices the silence and listens on a new connection (before, it waited on
+/// the silent one for good, and every later waiter relied on its poll alone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_listen_connection_delays_waiters_but_never_strands_them() -> TestResult {
+    let net = Net::new("silentlisten").await?;
+    let store = net.open(Via::Proxy).await?;
+    let waited = |key: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .begin_or_wait(&scope(key), fp("r"), Duration::from_secs(30))
+                .await
+        })
+    };
+    let records = net.prefix.table("records");
+    let marked = async |key: &str| -> Result<bool, BoxError> {
+        let marked: Option<bool> = sqlx::query_scalar(AssertSqlSafe(format!(
+            "SELECT waiters FROM {records} WHERE key = $1"
+        )))
+        .bind(key)
+        .fetch_optional(&net.admin)
+        .await?;
+        Ok(marked == Some(true))
+    };
+
+    let holder = claimed(store.begin(&scope("done"), fp("r")).await?)?;
+    let waiter = waited("done");
+    until(
+        "the waiter marked the key",
+        Duration::from_secs(5),
+        async || marked("done").await,
+    )
+    .await?;
+    until("listening", Duration::from_secs(5), async || {
+        Ok(!net.listening().await?.is_empty())
+    })
+    .await?;
+    let silent = net.listening().await?[0];
+    assert!(
+        net.proxy.hold(silent),
+        "the LISTEN session is not the proxy's"
+    );
+    let completed = Instant::now();
+    holder.complete(Response::new(201, "done")).await?;
+    match tokio::time::timeout(Duration::from_secs(5), waiter).await??? {
+        Begin::Replay(r) => assert_eq!(r.body(), b"done"),
+        other => return Err(format!("the waiter got {}", other.outcome()).into()),
+    }
+    eprintln!(
+        "a waiter answered {:?} after the completion, by its poll",
+        completed.elapsed()
+    );
+
+    let dead = claimed(store.begin(&scope("dead"), fp("r")).await?)?;
+    let waiter = waited("dead");
+    until(
+        "the second waiter marked its key",
+        Duration::from_secs(5),
+        async || marked("dead").await,
+    )
+    .await?;
+    drop(dead); // the holder dies: its lease runs out
+    net.clock.advance(LEASE);
+    match tokio::time::timeout(Duration::from_secs(5), waiter).await??? {
+        Begin::Recovered(claim) => claim.release().await?,
+        other => return Err(format!("the waiter got {}", other.outcome()).into()),
+    }
+
+    until(
+        "listening again on a new connection",
+        ANSWER_WITHIN,
+        async || {
+            Ok(net
+                .listening()
+                .await?
+                .iter()
+                .any(|p| *p != silent && net.proxy.ports().contains(p)))
+        },
+    )
+    .await?;
     Ok(())
 }
 

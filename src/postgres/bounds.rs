@@ -60,8 +60,9 @@ impl Bounds {
         format!("SET idle_session_timeout = {}", millis(self.silence))
     }
 
-    /// How often a relay holding the lock touches its connection at least, well inside
-    /// `idle_session_timeout`.
+    /// How long a connection kept for its session (the relay's lock, `LISTEN`) may go
+    /// unused before the store touches it: well inside `idle_session_timeout`, and soon
+    /// enough to notice a silent one within about the silence bound.
     pub(crate) fn touch(&self) -> Duration {
         self.silence / 4
     }
