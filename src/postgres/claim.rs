@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::codec::encode_headers;
 use super::config::duration_i64;
-use super::driver::{backend, commit_failed, timed};
+use super::driver::{backend, commit_failed, timed, unknown};
 use super::record::timestamp;
 use super::schema::IN_PROGRESS;
 use super::store::PgStore;
@@ -222,7 +222,7 @@ impl PgClaim {
                 Err(CommitError::Store(backend("complete", &e)))
             }
             Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
-            Err(_) => Err(CommitError::Store(StoreError::unknown(
+            Err(_) => Err(CommitError::Store(unknown(
                 "complete",
                 &format!("no answer from the database within {limit:?}"),
             ))),
