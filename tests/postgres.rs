@@ -257,6 +257,37 @@ async fn bad_input_gets_the_local_stores_errors() -> TestResult {
     Ok(())
 }
 
+/// The schema's setup runs under its own statement timeout, not the store's per-call one:
+/// an open that waits for another instance's migration (here: its lock, held for 600 ms) is
+/// not cut short by a 100 ms timeout. (It was, and said the user lacked CREATE rights;
+/// under parallel load it broke the test below.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_setup_is_not_cut_short_by_the_stores_statement_timeout() -> TestResult {
+    let prefix = Prefix::new("setup");
+    let clock = clock();
+    let admin = sqlx::PgPool::connect(prefix.url())
+        .await
+        .map_err(|e| unreachable(prefix.url(), &e))?;
+    let mut migrating = admin.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(prefix.table("schema_version"))
+        .execute(&mut *migrating)
+        .await?;
+    let opening = tokio::spawn(
+        prefix
+            .builder(&clock)
+            .timeout(Duration::from_millis(100))
+            .open(),
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    migrating.rollback().await?;
+    let store = opening
+        .await?
+        .map_err(|e| format!("the open failed: {e}"))?;
+    claimed(store.begin(&scope("k"), fp("r")).await?)?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> TestResult {
     let prefix = Prefix::new("slow");

@@ -13,6 +13,11 @@ use crate::model::clock::duration_millis;
 /// count whole seconds.
 pub(crate) const MIN_SILENCE: Duration = Duration::from_secs(4);
 
+/// The shortest statement timeout of the schema's setup: it may wait for another instance's
+/// migration of the same prefix, and creates tables and indexes, which a per-call timeout
+/// of a few hundred milliseconds would cut short under load.
+pub(crate) const MIN_SETUP: Duration = Duration::from_secs(60);
+
 /// Keepalive probes the server sends before it gives a silent client up.
 const KEEPALIVE_PROBES: u32 = 3;
 
@@ -26,6 +31,8 @@ pub(crate) struct Bounds {
     pub(crate) call: Duration,
     /// How long a session may go silent before the server ends it.
     pub(crate) silence: Duration,
+    /// Each statement of the schema's setup (the migration), instead of `statement`.
+    pub(crate) setup: Duration,
 }
 
 impl Bounds {
@@ -36,6 +43,7 @@ impl Bounds {
             statement: timeout,
             call,
             silence: lease.max(call).max(MIN_SILENCE),
+            setup: timeout.max(MIN_SETUP),
         }
     }
 
@@ -52,6 +60,11 @@ impl Bounds {
             ("tcp_keepalives_count", KEEPALIVE_PROBES.to_string()),
             ("tcp_user_timeout", millis(silence)),
         ]
+    }
+
+    /// The statement that gives the migration's transaction its own statement timeout.
+    pub(crate) fn setup_statement(&self) -> String {
+        format!("SET LOCAL statement_timeout = {}", millis(self.setup))
     }
 
     /// The statement that bounds the relay lock's session even while it is idle outside a
@@ -86,6 +99,7 @@ mod tests {
         let defaults = Bounds::new(Duration::from_secs(30), Duration::from_secs(5));
         assert_eq!(defaults.call, Duration::from_secs(10));
         assert_eq!(defaults.silence, Duration::from_secs(30));
+        assert_eq!(defaults.setup, MIN_SETUP);
         let session = defaults.session();
         let get = |name: &str| {
             session

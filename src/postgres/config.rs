@@ -112,6 +112,7 @@ pub(crate) fn duration_i64(d: Duration) -> i64 {
 /// | a session idle inside a transaction (`idle_in_transaction_session_timeout`) | the silence bound |
 /// | a client whose machine stopped answering (`tcp_keepalives_*`: half of it idle, then 3 probes; `tcp_user_timeout`) | about the silence bound |
 /// | the relay's lock session, idle outside a transaction (`idle_session_timeout`) | the silence bound |
+/// | each statement of the schema's setup at `open` (it may wait for another instance's) | `timeout`, at least 60 s |
 ///
 /// The **silence bound** is the lease, but never less than 2 × `timeout` (one call) or 4 s
 /// (a loaded client may pause that long; keepalives count whole seconds). It is what a lost
@@ -279,7 +280,7 @@ impl PgBuilder {
             .connect_with(options)
             .await
             .map_err(connect)?;
-        migrate(&pool, &names).await?;
+        migrate(&pool, &names, bounds).await?;
         let config = Config {
             lease: self.lease,
             ttl: self.ttl,
