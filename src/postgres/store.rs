@@ -98,8 +98,9 @@ const RACES: usize = 8;
 /// - **Eviction** walks partial indexes (`expires_ms WHERE state = completed`, and one for
 ///   tombstones) in bounded batches with `FOR UPDATE SKIP LOCKED`; a sweeper task runs it as
 ///   the local store's sweeper does ([`PgBuilder::sweep`]).
-/// - **Failures**: every call is bounded by [`PgBuilder::timeout`] (the pool's acquire timeout,
-///   the session's `statement_timeout`, and a client-side limit for a connection that hangs).
+/// - **Failures**: every wait is bounded by the lease and [`PgBuilder::timeout`] (see
+///   [`PgBuilder`], "Time limits"): a lost answer or a silent network costs a key about one
+///   lease, as the server ends a silent session and frees its locks.
 ///   A failure that acknowledged nothing is [`StoreError::Backend`]; a `COMMIT` whose answer
 ///   was lost is [`StoreError::OutcomeUnknown`]: `begin` for the key tells whether it landed.
 ///   The pool pings a connection idle for a second or more before using it, and replaces a
@@ -130,7 +131,7 @@ const RACES: usize = 8;
 /// and the next poll takes over. The holder reads and settles on that connection, so a
 /// broken connection stops it at its next pass. A pass lasts at most about a second plus one
 /// attempt (`RelayConfig::attempt_timeout`), so a holder whose session the server ended
-/// (`pg_terminate_backend`, or its keepalives, set to give up after about 25 s of silence)
+/// (`pg_terminate_backend`, or its silence: see [`PgBuilder`], "Time limits")
 /// may go on handing messages to the sink for that long while the new holder starts: around
 /// a take-over a message may be delivered twice and, in that window, out of order. Session
 /// locks need a session: behind PgBouncer in transaction mode the lock does not hold, so
