@@ -68,7 +68,9 @@ impl Net {
                 .next()
                 .ok_or_else(|| unreachable(&url, &"the host resolves to no address"))?;
         let proxy = Proxy::start(upstream).await?;
-        let admin = PgPool::connect(&url)
+        let admin = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&url)
             .await
             .map_err(|e| unreachable(&url, &e))?;
         let clock = ManualClock::new(Timestamp::from_millis(1_700_000_000_000));
@@ -305,14 +307,16 @@ async fn a_silent_listen_connection_delays_waiters_but_never_strands_them() -> T
         Ok(marked == Some(true))
     };
 
-    let holder = claimed(store.begin(&scope("done"), fp("r")).await?)?;
-    let waiter = waited("done");
-    until(
-        "the waiter marked the key",
-        Duration::from_secs(5),
-        async || marked("done").await,
-    )
-    .await?;
+    // A holder of `key`, and a waiter on it that has asked to be notified.
+    let held = async |key: &'static str| -> Result<_, BoxError> {
+        let holder = claimed(store.begin(&scope(key), fp("r")).await?)?;
+        let waiter = waited(key);
+        let what = format!("the waiter on {key} marked it");
+        until(&what, Duration::from_secs(5), async || marked(key).await).await?;
+        Ok((holder, waiter))
+    };
+
+    let (holder, waiter) = held("done").await?;
     until("listening", Duration::from_secs(5), async || {
         Ok(!net.listening().await?.is_empty())
     })
@@ -333,14 +337,7 @@ async fn a_silent_listen_connection_delays_waiters_but_never_strands_them() -> T
         completed.elapsed()
     );
 
-    let dead = claimed(store.begin(&scope("dead"), fp("r")).await?)?;
-    let waiter = waited("dead");
-    until(
-        "the second waiter marked its key",
-        Duration::from_secs(5),
-        async || marked("dead").await,
-    )
-    .await?;
+    let (dead, waiter) = held("dead").await?;
     drop(dead); // the holder dies: its lease runs out
     net.clock.advance(LEASE);
     match tokio::time::timeout(Duration::from_secs(5), waiter).await??? {
