@@ -6,50 +6,33 @@
 use std::time::Duration;
 
 use idemstore::sqlx::{self, AssertSqlSafe, Row};
-use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix, unreachable};
+use idemstore::testing::postgres::{Prefix, relay_lock_holder, unreachable};
 use idemstore::{
-    Begin, BoxError, ClaimError, CommitError, Fingerprint, ManualClock, PgOpenError, PgStore,
-    Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
+    Begin, BoxError, ClaimError, Clock, CommitError, Fingerprint, ManualClock, PgOpenError,
+    PgStore, Protocol, ProtocolClaim, Response, Scope, StoreError, Sweep, Timestamp,
 };
 
 type TestResult = Result<(), BoxError>;
 
-/// Tables under one prefix, dropped when the test ends (pass or fail).
-struct Prefix {
-    url: String,
-    name: String,
+/// Opening stores on a test's prefix.
+trait Open {
+    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder;
+    async fn open(&self, clock: &ManualClock) -> Result<PgStore, BoxError>;
 }
 
-impl Prefix {
-    fn new(tag: &str) -> Self {
-        Prefix {
-            url: database_url(),
-            name: unique_prefix(tag),
-        }
+impl Open for Prefix {
+    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder {
+        PgStore::builder(self.url())
+            .prefix(self.name())
+            .clock(clock.clone())
+            .sweep(Sweep::Off)
     }
 
     async fn open(&self, clock: &ManualClock) -> Result<PgStore, BoxError> {
         self.builder(clock)
             .open()
             .await
-            .map_err(|e| unreachable(&self.url, &e))
-    }
-
-    fn builder(&self, clock: &ManualClock) -> idemstore::PgBuilder {
-        PgStore::builder(&self.url)
-            .prefix(&self.name)
-            .clock(clock.clone())
-            .sweep(Sweep::Off)
-    }
-
-    fn table(&self, suffix: &str) -> String {
-        format!("{}{suffix}", self.name)
-    }
-}
-
-impl Drop for Prefix {
-    fn drop(&mut self) {
-        drop_prefixes(&self.url, vec![self.name.clone()]);
+            .map_err(|e| unreachable(self.url(), &e))
     }
 }
 
@@ -250,7 +233,7 @@ async fn bad_input_gets_the_local_stores_errors() -> TestResult {
         .max_checkpoint_bytes(16)
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let mut claim = claimed(store.begin(&scope("b1"), fp("r")).await?)?;
     assert!(matches!(
         claim.checkpoint(vec![0; 17]).await,
@@ -265,12 +248,43 @@ async fn bad_input_gets_the_local_stores_errors() -> TestResult {
         other => return Err(format!("an oversized response: {other:?}").into()),
     };
     claim.complete(Response::new(200, "fits")).await?;
-    let invalid = PgStore::builder(&prefix.url)
-        .prefix(&prefix.name)
+    let invalid = PgStore::builder(prefix.url())
+        .prefix(prefix.name())
         .lease(Duration::ZERO)
         .open()
         .await;
     assert!(matches!(invalid, Err(PgOpenError::InvalidSetting { .. })));
+    Ok(())
+}
+
+/// The schema's setup runs under its own statement timeout, not the store's per-call one:
+/// an open that waits for another instance's migration (here: its lock, held for 600 ms) is
+/// not cut short by a 100 ms timeout. (It was, and said the user lacked CREATE rights;
+/// under parallel load it broke the test below.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_schema_setup_is_not_cut_short_by_the_stores_statement_timeout() -> TestResult {
+    let prefix = Prefix::new("setup");
+    let clock = clock();
+    let admin = sqlx::PgPool::connect(prefix.url())
+        .await
+        .map_err(|e| unreachable(prefix.url(), &e))?;
+    let mut migrating = admin.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(prefix.table("schema_version"))
+        .execute(&mut *migrating)
+        .await?;
+    let opening = tokio::spawn(
+        prefix
+            .builder(&clock)
+            .timeout(Duration::from_millis(100))
+            .open(),
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    migrating.rollback().await?;
+    let store = opening
+        .await?
+        .map_err(|e| format!("the open failed: {e}"))?;
+    claimed(store.begin(&scope("k"), fp("r")).await?)?;
     Ok(())
 }
 
@@ -283,10 +297,10 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
         .timeout(Duration::from_millis(300))
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let claim = claimed(store.begin(&scope("s1"), fp("r")).await?)?;
     // Another session locks the record and sits on it.
-    let blocker = sqlx::PgPool::connect(&prefix.url).await?;
+    let blocker = sqlx::PgPool::connect(prefix.url()).await?;
     let mut locked = blocker.begin().await?;
     sqlx::query(AssertSqlSafe(format!(
         "SELECT 1 FROM {} WHERE key = 's1' FOR UPDATE",
@@ -311,6 +325,64 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
     Ok(())
 }
 
+/// The keep-alive renews on connections of its own: with both of a pool of two inside the
+/// holder's own open transactions, the lease still moves, and another instance finds the
+/// holder live after the original lease has passed (no take-over, so the holder's work never
+/// runs twice). Time moves on the manual clock; the wait is for the renewal's statement only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_go_on_while_the_holders_transactions_fill_the_pool() -> TestResult {
+    let prefix = Prefix::new("renew");
+    let clock = clock();
+    let lease = Duration::from_millis(600);
+    let open = |pool_size| {
+        prefix
+            .builder(&clock)
+            .lease(lease)
+            .timeout(Duration::from_secs(1))
+            .pool_size(pool_size)
+            .open()
+    };
+    let holder = open(2).await.map_err(|e| unreachable(prefix.url(), &e))?;
+    let other = open(2).await.map_err(|e| unreachable(prefix.url(), &e))?;
+    let claim = claimed(holder.begin(&scope("r1"), fp("r")).await?)?;
+    let second = claimed(holder.begin(&scope("r2"), fp("r")).await?)?;
+    let _alive = claim.keep_alive();
+    let first_end = claim.lease_until().as_millis();
+    // Both pooled connections now sit in the holder's own transactions.
+    let tx = claim.transaction().await?;
+    let tx2 = second.transaction().await?;
+    clock.advance(lease * 2 / 3);
+    let wanted = clock.now().as_millis() + 600;
+    let lease_end = format!(
+        "SELECT lease_until_ms FROM {} WHERE key = 'r1'",
+        prefix.table("records")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let end: i64 = sqlx::query_scalar(AssertSqlSafe(lease_end.clone()))
+            .fetch_one(other.pool())
+            .await?;
+        if u64::try_from(end).unwrap_or(0) >= wanted {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease was not renewed while the pool was full (still ends at {end}, first at {first_end})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the first lease's end: a live holder is not taken over.
+    clock.advance(lease * 2 / 3);
+    assert!(clock.now().as_millis() > first_end);
+    match other.begin(&scope("r1"), fp("r")).await? {
+        Begin::InProgress { .. } => {}
+        answer => return Err(format!("a live holder was {}", answer.outcome()).into()),
+    }
+    tx.commit(Response::new(201, "done")).await?;
+    drop(tx2.rollback().await);
+    Ok(())
+}
+
 #[tokio::test]
 async fn the_pool_reconnects_after_its_connection_is_killed() -> TestResult {
     let prefix = Prefix::new("kill");
@@ -320,13 +392,13 @@ async fn the_pool_reconnects_after_its_connection_is_killed() -> TestResult {
         .pool_size(1)
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     let claim = claimed(store.begin(&scope("c1"), fp("r")).await?)?;
     let pid: i32 = sqlx::query("SELECT pg_backend_pid()")
         .fetch_one(store.pool())
         .await?
         .try_get(0)?;
-    let admin = sqlx::PgPool::connect(&prefix.url).await?;
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
     let killed: bool = sqlx::query("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&admin)
@@ -375,7 +447,7 @@ async fn the_sweeper_evicts_what_is_due_in_batches() -> TestResult {
         })
         .open()
         .await
-        .map_err(|e| unreachable(&prefix.url, &e))?;
+        .map_err(|e| unreachable(prefix.url(), &e))?;
     for i in 0..5 {
         let claim = claimed(store.begin(&scope(&format!("s{i}")), fp("r")).await?)?;
         claim.complete(Response::new(200, "done")).await?;
@@ -412,7 +484,7 @@ async fn only_a_waited_for_completion_notifies_and_its_waiter_gets_the_response(
     let prefix = Prefix::new("notify");
     let clock = clock();
     let store = prefix.open(&clock).await?;
-    let mut listener = sqlx::postgres::PgListener::connect(&prefix.url).await?;
+    let mut listener = sqlx::postgres::PgListener::connect(prefix.url()).await?;
     listener.listen(&prefix.table("done")).await?;
 
     // Nobody waits for this one: no notification (a notifying commit serializes).
@@ -599,14 +671,10 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
 
     // The session holding this prefix's relay lock (the two-key form: "idem", hash of the
     // outbox table's name) is the relay's own connection: kill it.
-    let admin = sqlx::PgPool::connect(&prefix.url).await?;
-    let holder = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
-                  AND objsubid = 2 AND classid = 1768187245::oid \
-                  AND objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296";
-    let pid: i32 = sqlx::query_scalar(holder)
-        .bind(prefix.table("outbox"))
-        .fetch_one(&admin)
-        .await?;
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
+    let (pid, _) = relay_lock_holder(&admin, prefix.name())
+        .await?
+        .ok_or("nobody holds the relay lock")?;
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&admin)
@@ -627,11 +695,7 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
     // A stopped relay closes its connection, and the server frees the lock as the session
     // ends (a moment after the close).
     loop {
-        let again: Option<i32> = sqlx::query_scalar(holder)
-            .bind(prefix.table("outbox"))
-            .fetch_optional(&admin)
-            .await?;
-        if again.is_none() {
+        if relay_lock_holder(&admin, prefix.name()).await?.is_none() {
             break;
         }
         assert!(
@@ -647,6 +711,92 @@ async fn a_relay_whose_connection_is_killed_takes_the_lock_again_and_goes_on() -
             .last_error
             .as_deref()
             .is_some_and(|e| e.contains("reading the outbox")),
+        "{stats:?}"
+    );
+    admin.close().await;
+    Ok(())
+}
+
+/// Down (`Unavailable`) until `up`, then takes everything.
+struct DownUntil {
+    up: std::time::Instant,
+    arrived: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+}
+
+impl idemstore::relay::Sink for DownUntil {
+    async fn deliver(&self, message: &idemstore::Message) -> Result<(), BoxError> {
+        if std::time::Instant::now() < self.up {
+            return Err(idemstore::relay::Unavailable::new("connection refused").into());
+        }
+        self.arrived.lock().push(message.id.clone());
+        Ok(())
+    }
+}
+
+/// The server ends a relay's session that stays silent for the silence bound (here 4 s,
+/// the floor), so that a silent holder's lock goes. A holder waiting out a sink outage
+/// with longer pauses than that touches its connection meanwhile and keeps its session, and
+/// its lock, to deliver after the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_waiting_out_a_long_outage_keeps_its_lock_session() -> TestResult {
+    use idemstore::relay::{Relay, RelayConfig};
+
+    let prefix = Prefix::new("outagelock");
+    let clock = clock();
+    let store = prefix
+        .builder(&clock)
+        .lease(Duration::from_secs(1))
+        .timeout(Duration::from_millis(500))
+        .open()
+        .await
+        .map_err(|e| unreachable(prefix.url(), &e))?;
+    let claim = claimed(store.begin(&scope("k"), fp("r")).await?)?;
+    let mut tx = claim.transaction().await?;
+    let id = tx.publish("orders.placed", b"1".to_vec())?;
+    tx.commit(Response::new(201, "ok")).await?;
+    let arrived = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let sink = DownUntil {
+        up: std::time::Instant::now() + Duration::from_secs(1),
+        arrived: arrived.clone(),
+    };
+    // One pause of 4.5 to 9 s (9 s, less up to half of it at random) after the first attempt:
+    // longer than the silence bound.
+    let config = RelayConfig::default().backoff(Duration::from_secs(9), Duration::from_secs(9));
+    let relay = Relay::start(&store, sink, config);
+    let admin = sqlx::PgPool::connect(prefix.url()).await?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Some((pid, _)) = relay_lock_holder(&admin, prefix.name()).await? {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay never took the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    while arrived.lock().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing delivered after the outage: {:?}",
+            relay.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let after = relay_lock_holder(&admin, prefix.name()).await?;
+    let stats = relay.stats();
+    relay.stop().await;
+    assert_eq!(*arrived.lock(), [id]);
+    assert_eq!(
+        after.map(|(pid, _)| pid),
+        Some(first),
+        "the same session held the lock through the outage: {stats:?}"
+    );
+    assert!(
+        stats
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("unavailable")),
         "{stats:?}"
     );
     admin.close().await;

@@ -180,26 +180,31 @@ pub(crate) fn counts_in(txn: &ReadTransaction) -> Result<OutboxCounts, StoreErro
 }
 
 impl Engine {
-    /// Up to `limit` pending messages with a seq after `after`, in commit order, from the
-    /// last published snapshot.
+    /// Up to `limit` pending messages with a seq after `after`, none of a subject in `skip`
+    /// (sorted), in commit order, from the last published snapshot.
     #[cfg(feature = "tokio")]
     pub(crate) fn pending_messages(
         &self,
         after: Option<u64>,
         limit: usize,
+        skip: &[String],
     ) -> Result<Vec<Message>, StoreError> {
         let db = self.shared.db.read(&self.shared.poison)?;
         let txn = db.begin_read()?;
         let outbox = txn.open_table(raw(OUTBOX))?;
         let start = after.map_or(0, |s| s.saturating_add(1));
         let mut out = Vec::new();
-        for entry in outbox
-            .range::<&[u8]>(message_key(start).as_slice()..)?
-            .take(limit)
-        {
+        for entry in outbox.range::<&[u8]>(message_key(start).as_slice()..)? {
+            if out.len() >= limit {
+                break;
+            }
             let (k, v) = entry?;
             let seq = u64::from_be_bytes(k.value().try_into().unwrap_or_default());
-            out.push(Message::decode(k.value(), v.value()).ok_or_else(|| corrupt(OUTBOX, seq))?);
+            let message =
+                Message::decode(k.value(), v.value()).ok_or_else(|| corrupt(OUTBOX, seq))?;
+            if skip.binary_search(&message.subject).is_err() {
+                out.push(message);
+            }
         }
         Ok(out)
     }

@@ -39,6 +39,16 @@ pub enum PgOpenError {
         /// The driver's error.
         message: String,
     },
+    /// Creating or upgrading the schema ran past its statement timeout (its own, at least a
+    /// minute, not [`PgBuilder::timeout`](crate::PgBuilder::timeout)); its transaction was
+    /// rolled back.
+    #[error(
+        "statement timeout during setup: creating or upgrading the schema took too long ({message}); another instance may hold the migration's lock for this prefix, or the database is overloaded. Retry the open"
+    )]
+    SetupTimedOut {
+        /// The driver's error.
+        message: String,
+    },
     /// The schema was created by a newer idemstore.
     #[error(
         "the tables with this prefix are at schema version {found}, newer than this build knows ({known}); upgrade idemstore or use another prefix"

@@ -27,17 +27,19 @@ pub enum StoreError {
         /// What failed.
         cause: Arc<str>,
     },
-    /// Making the request's group durable failed part way (a failed sync). The group may or
+    /// Making the request durable failed part way: locally a failed sync (the group may or
     /// may not have reached the disk; the store is poisoned until it has recovered from its
-    /// log, which it does in place.
+    /// log, which it does in place); over PostgreSQL a `COMMIT` whose answer was lost.
     #[error(
-        "could not confirm that the request reached the disk ({cause}); it may or may not have. The store recovers from its log in place; then call begin for the key (a Replay means it landed). Do not blindly repeat a keyless write"
+        "could not confirm that the request was made durable ({cause}); it may or may not have been. {recovery}; then call begin for the key (a Replay means it landed). Do not blindly repeat a keyless write"
     )]
     OutcomeUnknown {
         /// The I/O error's kind, when an I/O error was the cause.
         kind: Option<io::ErrorKind>,
         /// The I/O or commit failure.
         cause: Arc<str>,
+        /// What the backend does about it, in its own words.
+        recovery: &'static str,
     },
     /// A stored record could not be decoded.
     #[error(
@@ -102,6 +104,9 @@ pub enum StoreError {
     },
 }
 
+/// What the local store does after an outcome it could not confirm.
+const LOCAL_RECOVERY: &str = "The store recovers from its log in place";
+
 fn not_written(kind: io::ErrorKind, cause: &str) -> String {
     if kind == io::ErrorKind::StorageFull {
         format!(
@@ -128,14 +133,22 @@ impl StoreError {
         StoreError::OutcomeUnknown {
             kind: Some(source.kind()),
             cause: format!("{what}: {source}").into(),
+            recovery: LOCAL_RECOVERY,
         }
     }
 
     /// A failure of unknown outcome whose cause is not an I/O error of ours.
     pub(crate) fn unknown(what: &str, cause: &dyn fmt::Display) -> Self {
+        Self::unknown_in(what, cause, LOCAL_RECOVERY)
+    }
+
+    /// A failure of unknown outcome in a backend that says, in `recovery`, what it does
+    /// about it (the PostgreSQL backend's words are its own: `postgres::driver`).
+    pub(crate) fn unknown_in(what: &str, cause: &dyn fmt::Display, recovery: &'static str) -> Self {
         StoreError::OutcomeUnknown {
             kind: None,
             cause: format!("{what}: {cause}").into(),
+            recovery,
         }
     }
 

@@ -10,7 +10,7 @@ use sqlx::{AssertSqlSafe, Row};
 
 use super::codec::encode_headers;
 use super::config::duration_i64;
-use super::driver::{backend, commit_failed, timed};
+use super::driver::{backend, commit_failed, timed, unknown};
 use super::record::timestamp;
 use super::schema::IN_PROGRESS;
 use super::store::PgStore;
@@ -222,7 +222,7 @@ impl PgClaim {
                 Err(CommitError::Store(backend("complete", &e)))
             }
             Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
-            Err(_) => Err(CommitError::Store(StoreError::unknown(
+            Err(_) => Err(CommitError::Store(unknown(
                 "complete",
                 &format!("no answer from the database within {limit:?}"),
             ))),
@@ -342,7 +342,8 @@ impl PgClaim {
     }
 }
 
-/// Moves the lease of the holder of `fence`; `None` if it no longer holds.
+/// Moves the lease of the holder of `fence`; `None` if it no longer holds. On the store's
+/// own connections, never the pool the holder's transactions may fill.
 async fn renew(
     store: &PgStore,
     scope: &Scope,
@@ -362,7 +363,7 @@ async fn renew(
             .bind(duration_i64(lease))
             .bind(inner.config.now())
             .bind(extension == Extension::AtLeast)
-            .fetch_optional(&inner.pool),
+            .fetch_optional(&inner.upkeep),
     )
     .await?;
     row.map(|row| {

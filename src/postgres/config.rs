@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+use super::bounds::Bounds;
 use super::schema::{Names, migrate};
 use super::store::PgStore;
 use crate::error::PgOpenError;
@@ -15,6 +16,11 @@ use crate::model::limits::{MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, 
 /// A pooled connection idle this long is pinged before it is used.
 const IDLE_PING: Duration = Duration::from_secs(1);
 
+/// The store's own connections, besides the pool: lease renewals (keep-alives and
+/// `extend`, one short statement each) share two, and the `LISTEN` connection of
+/// `begin_or_wait` holds one.
+const UPKEEP_CONNECTIONS: u32 = 3;
+
 /// The settings an open store runs with.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -23,8 +29,8 @@ pub(crate) struct Config {
     pub(crate) tombstone_ttl: Duration,
     pub(crate) max_response_bytes: usize,
     pub(crate) max_checkpoint_bytes: usize,
-    /// The limit on each call: acquiring a connection, and each statement.
-    pub(crate) timeout: Duration,
+    /// Every time limit, from the lease and the timeout.
+    pub(crate) bounds: Bounds,
     /// A clock that replaces the database's (tests only); `None`: the database's.
     pub(crate) clock: Option<Arc<dyn Clock>>,
 }
@@ -35,6 +41,48 @@ impl Config {
     pub(crate) fn now(&self) -> Option<i64> {
         self.clock.as_ref().map(|c| millis_i64(c.now().as_millis()))
     }
+}
+
+/// A pool of at most `size` connections, bounded by `bounds`.
+///
+/// A connection idle for a while is pinged before use, so one that died (a restarted server,
+/// a dropped idle connection) is replaced; a hot one is not, which would cost a round trip
+/// per call. A connection that dies while in use fails its call with `StoreError::Backend`
+/// and is replaced by the next.
+///
+/// A connection handed back with work still in flight (a call cancelled by its client-side
+/// limit, a transaction dropped with its `ROLLBACK` queued) first finishes that work within
+/// one statement's limit, or is closed: sqlx's own check on release waits for it without a
+/// limit, and a connection gone silent would keep its place in the pool for good (until the
+/// kernel gave up), so that a pool whose connections all went silent at once would never
+/// hand out another. `Connection::flush` (hidden in sqlx's docs, public in its trait) waits
+/// only for what is in flight: nothing, so no round trip, on a clean connection.
+pub(crate) fn pool_options(bounds: Bounds, size: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(bounds.statement)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= IDLE_PING {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+        .after_release(move |conn, _| {
+            Box::pin(async move {
+                match tokio::time::timeout(bounds.statement, sqlx::Connection::flush(conn)).await {
+                    Ok(flushed) => flushed.map(|()| true),
+                    // An error, not `Ok(false)`: closing politely would write to a socket
+                    // that may not take it.
+                    Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "a connection handed back to the pool did not finish its last call",
+                    ))),
+                }
+            })
+        })
 }
 
 /// Milliseconds as PostgreSQL's `bigint`.
@@ -50,6 +98,31 @@ pub(crate) fn duration_i64(d: Duration) -> i64 {
 /// Opens a [`PgStore`]: `PgStore::builder(url).lease(..).open().await`.
 ///
 /// Every setting is checked at `open`; none panics.
+///
+/// # Time limits
+///
+/// Two settings, [`lease`](Self::lease) and [`timeout`](Self::timeout), bound everything the
+/// backend waits for, by one rule:
+///
+/// | what is bounded | by |
+/// | --- | --- |
+/// | each statement (`statement_timeout`: the server cancels it) | `timeout` |
+/// | the wait for a pooled connection | `timeout` |
+/// | one call, on the client (a connection that hangs without closing) | 2 × `timeout` |
+/// | a session idle inside a transaction (`idle_in_transaction_session_timeout`) | the silence bound |
+/// | a client whose machine stopped answering (`tcp_keepalives_*`: half of it idle, then 3 probes; `tcp_user_timeout`) | about the silence bound |
+/// | the relay's lock session, idle outside a transaction (`idle_session_timeout`) | the silence bound |
+/// | each statement of the schema's setup at `open` (it may wait for another instance's) | `timeout`, at least 60 s |
+///
+/// The **silence bound** is the lease, but never less than 2 × `timeout` (one call) or 4 s
+/// (a loaded client may pause that long; keepalives count whole seconds). It is what a lost
+/// network answer costs a key: a `COMMIT` lost on its way leaves the server's session idle
+/// in its transaction, holding the record's row lock, so that every `begin` of the key times
+/// out; the server ends that session within the silence bound, and the key answers again (a
+/// take-over once its lease ends, a replay if the commit landed). So keep each gap between
+/// the statements of a claim's transaction under a lease: do slow work before
+/// [`PgClaim::transaction`](crate::PgClaim::transaction), not inside it. The client has no
+/// socket keepalives (sqlx cannot set them): there, the call limit is the bound.
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until open is called"]
 pub struct PgBuilder {
@@ -91,7 +164,8 @@ impl PgBuilder {
         self
     }
 
-    /// How long a claim holds its key. Default 30 s; 1 ms ..= 7 days.
+    /// How long a claim holds its key. Default 30 s; 1 ms ..= 7 days. Also the longest a
+    /// silent session lives on the server (see "Time limits").
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
@@ -123,7 +197,9 @@ impl PgBuilder {
     }
 
     /// Connections in the pool. Default 10; 1 ..= 10,000. Every open claim transaction holds
-    /// one while it runs.
+    /// one while it runs. The store keeps up to 3 more of its own (lease renewals, and the
+    /// `LISTEN` connection of `begin_or_wait`), opened when first needed, so that a pool full
+    /// of the holders' own transactions never starves the renewals that keep them holders.
     pub fn pool_size(mut self, connections: u32) -> Self {
         self.pool_size = connections;
         self
@@ -132,7 +208,8 @@ impl PgBuilder {
     /// The most one call may take: the wait for a pooled connection, and each statement
     /// (sent as the session's `statement_timeout`, so the server cancels it too). A call past
     /// it fails with [`StoreError::Backend`](crate::StoreError::Backend), or
-    /// [`StoreError::OutcomeUnknown`](crate::StoreError::OutcomeUnknown) for a commit.
+    /// [`StoreError::OutcomeUnknown`](crate::StoreError::OutcomeUnknown) for a commit. The
+    /// other limits follow from it and the lease (see "Time limits").
     /// Default 5 s; 1 ms ..= 1 hour.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -194,39 +271,25 @@ impl PgBuilder {
             message: e.to_string(),
         };
         let options: PgConnectOptions = self.url.parse().map_err(connect)?;
-        let options = options.application_name("idemstore").options([(
-            "statement_timeout",
-            duration_millis(self.timeout).to_string(),
-        )]);
-        // A connection idle for a while is pinged before use, so one that died (a restarted
-        // server, a dropped idle connection) is replaced; a hot one is not, which would cost a
-        // round trip per call. A connection that dies while in use fails its call with
-        // `StoreError::Backend` and is replaced by the next.
-        let pool = PgPoolOptions::new()
-            .max_connections(self.pool_size)
-            .acquire_timeout(self.timeout)
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= IDLE_PING {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
+        let bounds = Bounds::new(self.lease, self.timeout);
+        let options = options
+            .application_name("idemstore")
+            .options(bounds.session());
+        let upkeep = pool_options(bounds, UPKEEP_CONNECTIONS).connect_lazy_with(options.clone());
+        let pool = pool_options(bounds, self.pool_size)
             .connect_with(options)
             .await
             .map_err(connect)?;
-        migrate(&pool, &names).await?;
+        migrate(&pool, &names, bounds).await?;
         let config = Config {
             lease: self.lease,
             ttl: self.ttl,
             tombstone_ttl: self.tombstone_ttl,
             max_response_bytes: self.max_response_bytes,
             max_checkpoint_bytes: self.max_checkpoint_bytes,
-            timeout: self.timeout,
+            bounds,
             clock: self.clock,
         };
-        Ok(PgStore::start(pool, names, config, self.sweep))
+        Ok(PgStore::start([pool, upkeep], names, config, self.sweep))
     }
 }

@@ -14,7 +14,16 @@ use std::time::Duration;
 use crate::error::StoreError;
 
 /// `statement_timeout`'s SQLSTATE (`query_canceled`).
-const QUERY_CANCELED: &str = "57014";
+pub(crate) const QUERY_CANCELED: &str = "57014";
+
+/// What this backend does after a `COMMIT` whose answer was lost: the words
+/// [`StoreError::OutcomeUnknown`] carries to the user.
+const RECOVERY: &str = "PostgreSQL either committed it or rolls it back: a session whose COMMIT never arrived is ended by the server, and its locks with it, within about one lease";
+
+/// A call whose answer was lost after it may have committed.
+pub(crate) fn unknown(what: &str, cause: &dyn std::fmt::Display) -> StoreError {
+    StoreError::unknown_in(what, cause, RECOVERY)
+}
 
 /// A failure that acknowledged nothing.
 pub(crate) fn backend(what: &str, e: &sqlx::Error) -> StoreError {
@@ -37,7 +46,7 @@ pub(crate) fn backend(what: &str, e: &sqlx::Error) -> StoreError {
 pub(crate) fn commit_failed(e: &sqlx::Error) -> StoreError {
     match e {
         sqlx::Error::Database(_) => backend("commit refused", e),
-        other => StoreError::unknown("the commit's answer was lost", other),
+        other => unknown("the commit's answer was lost", other),
     }
 }
 
@@ -68,10 +77,14 @@ mod tests {
             std::io::ErrorKind::ConnectionReset,
             "connection reset by peer",
         ));
-        assert!(matches!(
-            commit_failed(&lost),
-            StoreError::OutcomeUnknown { .. }
-        ));
+        let unknown = commit_failed(&lost);
+        assert!(matches!(unknown, StoreError::OutcomeUnknown { .. }));
+        // It says what PostgreSQL does, not what the local store would.
+        let said = unknown.to_string();
+        assert!(
+            said.contains("PostgreSQL") && !said.contains("log"),
+            "{said}"
+        );
         let refused = backend("claim", &sqlx::Error::PoolTimedOut);
         assert!(
             matches!(&refused, StoreError::Backend { message } if message.contains("acquire timeout"))

@@ -6,7 +6,7 @@
 //! [`decide`](crate::model::decision::decide) as the local store.
 //!
 //! Layout:
-//! - `config`: the builder and its checks;
+//! - `config`: the builder and its checks; `bounds`: every time limit, from two settings;
 //! - `schema`: names from the prefix, the versioned migration;
 //! - `sql`: every statement, built once per store;
 //! - `store`: `begin`, eviction, listing, stats; `protocol`: the traits, `begin_or_wait`;
@@ -16,6 +16,7 @@
 //! - `outbox`: published messages, the relay's lock and reads, the dead letters;
 //! - `driver`: what the driver's errors mean, and the time limit on every call.
 
+mod bounds;
 mod claim;
 mod codec;
 mod config;

@@ -5,6 +5,7 @@
 //! relay (`crate::relay`) does.
 
 use std::fmt;
+use std::time::Instant;
 
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
@@ -29,6 +30,9 @@ const RELAY_LOCK_CLASS: i32 = 0x6964_656d;
 pub struct Delivery {
     conn: PgConnection,
     lock: Lock,
+    /// When a statement last ran on `conn`: the server ends the session after the silence
+    /// bound without one, so a holder touches it more often.
+    used: Instant,
 }
 
 /// Whether a relay's connection holds the relay lock.
@@ -113,34 +117,45 @@ impl PgStore {
             PgConnection::connect_with(&options),
         )
         .await?;
-        // The lock lives as long as the server thinks this session does. A relay whose
-        // machine vanished (no FIN, no RST: a partition, a power cut) would otherwise keep it
-        // until the kernel's keepalive gives up, two hours by default; with these the server
-        // drops the session, and the lock, about 25 s after the peer went silent.
+        // The lock lives as long as the server thinks this session does. The session's TCP
+        // keepalives end it when the relay's machine vanishes; this ends it when the relay
+        // goes silent while its socket still answers (a stuck process, a proxy in between),
+        // which the server cannot tell from a live peer otherwise: the lock then goes within
+        // the silence bound, and another relay takes over. A holder touches its connection
+        // more often than that (`hold_relay_lock`).
+        let bounds = self.inner.config.bounds;
         timed(
             self.call_limit(),
-            "set the relay connection's keepalives",
-            sqlx::raw_sql(
-                "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5; \
-                 SET tcp_keepalives_count = 3",
-            )
-            .execute(&mut conn),
+            "bound the relay connection's idle time",
+            sqlx::raw_sql(AssertSqlSafe(bounds.idle_session())).execute(&mut conn),
         )
         .await?;
         Ok(Delivery {
             conn,
             lock: Lock::Waiting,
+            used: Instant::now(),
         })
     }
 
     /// Whether `delivery`'s connection holds the relay lock, trying to take it if not (one
     /// `pg_try_advisory_lock`, which never waits). Once held it is not asked again: the
-    /// lock lives as long as the connection, and the next read tells if that went.
+    /// lock lives as long as the connection, and the next read tells if that went; but a
+    /// connection unused for a while is touched (`SELECT 1`), so that the server does not end
+    /// the session of a holder that is only waiting (for the sink, for a retry).
     pub(crate) async fn hold_relay_lock(
         &self,
         delivery: &mut Delivery,
     ) -> Result<bool, StoreError> {
         if delivery.lock == Lock::Held {
+            if delivery.used.elapsed() >= self.inner.config.bounds.touch() {
+                timed(
+                    self.call_limit(),
+                    "keep the relay lock",
+                    sqlx::raw_sql("SELECT 1").execute(&mut delivery.conn),
+                )
+                .await?;
+                delivery.used = Instant::now();
+            }
             return Ok(true);
         }
         let held: bool = timed(
@@ -152,6 +167,7 @@ impl PgStore {
                 .fetch_one(&mut delivery.conn),
         )
         .await?;
+        delivery.used = Instant::now();
         if held {
             delivery.lock = Lock::Held;
         }
@@ -170,20 +186,24 @@ impl Delivery {
 }
 
 impl PgStore {
-    /// The first `limit` pending messages by seq, read on the lock's connection.
+    /// The first `limit` pending messages by seq, none of a subject in `skip`, read on the
+    /// lock's connection.
     pub(crate) async fn pending_on(
         &self,
         delivery: &mut Delivery,
         limit: usize,
+        skip: &[String],
     ) -> Result<Vec<Message>, StoreError> {
         let rows = timed(
             self.call_limit(),
             "read the outbox",
             sqlx::query(AssertSqlSafe(self.inner.sql.pending.clone()))
                 .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+                .bind(skip)
                 .fetch_all(&mut delivery.conn),
         )
         .await?;
+        delivery.used = Instant::now();
         rows.iter().map(message_of).collect()
     }
 
@@ -232,7 +252,9 @@ impl PgStore {
             )
             .await?;
         }
-        timed(limit, what, tx.commit()).await
+        timed(limit, what, tx.commit()).await?;
+        delivery.used = Instant::now();
+        Ok(())
     }
 }
 

@@ -47,10 +47,11 @@ impl Protocol for PgStore {
         let deadline = Instant::now() + max_wait;
         let payload = PgStore::payload(scope);
         // Subscribed before asking, so a completion between the answer and the wait is seen.
-        let mut waiter = self
-            .inner
-            .wakeups
-            .subscribe(&self.inner.pool, &self.inner.names.channel);
+        let mut waiter = self.inner.wakeups.subscribe(
+            &self.inner.upkeep,
+            &self.inner.names.channel,
+            self.inner.config.bounds,
+        );
         let mut poll = FIRST_POLL;
         loop {
             let answer = self.begin_once(scope, fingerprint).await?;

@@ -7,6 +7,8 @@
 
 use sqlx::{AssertSqlSafe, PgPool, Row};
 
+use super::bounds::Bounds;
+use super::driver::QUERY_CANCELED;
 use crate::error::PgOpenError;
 
 /// The longest prefix: the longest names built from it (`<prefix>schema_version`, and the
@@ -148,16 +150,38 @@ impl Names {
     }
 }
 
+/// Why the migration failed: its own statement timeout, or anything else (most often
+/// missing rights).
+fn migrate_failed(e: sqlx::Error) -> PgOpenError {
+    match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(QUERY_CANCELED) => {
+            PgOpenError::SetupTimedOut {
+                message: e.to_string(),
+            }
+        }
+        _ => PgOpenError::Migrate {
+            message: e.to_string(),
+        },
+    }
+}
+
 /// Brings the schema under `names` to the newest version, in one transaction, holding an
 /// advisory lock so that instances opening at once apply each migration once. Running it on
-/// an up-to-date schema changes nothing.
-pub(crate) async fn migrate(pool: &PgPool, names: &Names) -> Result<(), PgOpenError> {
-    let failed = |e: sqlx::Error| PgOpenError::Migrate {
-        message: e.to_string(),
-    };
+/// an up-to-date schema changes nothing. Its statements run under the setup's own timeout
+/// (`bounds.setup`), not the store's per-call one.
+pub(crate) async fn migrate(
+    pool: &PgPool,
+    names: &Names,
+    bounds: Bounds,
+) -> Result<(), PgOpenError> {
+    let failed = migrate_failed;
     let migrations = names.migrations();
     let known = i32::try_from(migrations.len()).unwrap_or(i32::MAX);
     let mut tx = pool.begin().await.map_err(failed)?;
+    sqlx::query(AssertSqlSafe(bounds.setup_statement()))
+        .execute(&mut *tx)
+        .await
+        .map_err(failed)?;
     sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
         .bind(&names.versions)
         .execute(&mut *tx)
@@ -206,6 +230,49 @@ pub(crate) async fn migrate(pool: &PgPool, names: &Names) -> Result<(), PgOpenEr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database error with a SQLSTATE, as the driver would report it.
+    #[derive(Debug)]
+    struct Refused(&'static str);
+
+    impl std::fmt::Display for Refused {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "refused with {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Refused {}
+
+    impl sqlx::error::DatabaseError for Refused {
+        fn message(&self) -> &str {
+            "refused"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn a_setup_cut_by_its_timeout_says_so_not_that_rights_are_missing() {
+        let timed_out = migrate_failed(sqlx::Error::Database(Box::new(Refused("57014"))));
+        let said = timed_out.to_string();
+        assert!(said.contains("statement timeout during setup"), "{said}");
+        assert!(!said.contains("CREATE rights"), "{said}");
+        let denied = migrate_failed(sqlx::Error::Database(Box::new(Refused("42501"))));
+        assert!(denied.to_string().contains("CREATE rights"), "{denied}");
+    }
 
     #[test]
     fn prefixes_are_plain_identifiers() {

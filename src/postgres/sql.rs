@@ -50,7 +50,8 @@ pub(crate) struct Sql {
     /// messages in publishing order, `$11` ids, `$12` subjects, `$13` payloads (three arrays
     /// of one length). One statement, so publishing costs no extra round trip.
     pub(crate) complete_publishing: Arc<str>,
-    /// The first `$1` pending messages by seq.
+    /// The first `$1` pending messages by seq, except those of the subjects in `$2` (a text
+    /// array: the subjects waiting out a backoff).
     pub(crate) pending: Arc<str>,
     /// Delivered messages leave: `$1` their seqs.
     pub(crate) delivered: Arc<str>,
@@ -246,7 +247,10 @@ impl Sql {
                 now1 = now(1)
             )
             .into(),
-            pending: format!("SELECT {message} FROM {outbox} ORDER BY seq LIMIT $1").into(),
+            pending: format!(
+                "SELECT {message} FROM {outbox} WHERE subject <> ALL($2) ORDER BY seq LIMIT $1"
+            )
+            .into(),
             delivered: format!("DELETE FROM {outbox} WHERE seq = ANY($1::bigint[])").into(),
             // A seq no longer in the outbox (settled before) moves nothing.
             bury: format!(

@@ -98,8 +98,9 @@ const RACES: usize = 8;
 /// - **Eviction** walks partial indexes (`expires_ms WHERE state = completed`, and one for
 ///   tombstones) in bounded batches with `FOR UPDATE SKIP LOCKED`; a sweeper task runs it as
 ///   the local store's sweeper does ([`PgBuilder::sweep`]).
-/// - **Failures**: every call is bounded by [`PgBuilder::timeout`] (the pool's acquire timeout,
-///   the session's `statement_timeout`, and a client-side limit for a connection that hangs).
+/// - **Failures**: every wait is bounded by the lease and [`PgBuilder::timeout`] (see
+///   [`PgBuilder`], "Time limits"): a lost answer or a silent network costs a key about one
+///   lease, as the server ends a silent session and frees its locks.
 ///   A failure that acknowledged nothing is [`StoreError::Backend`]; a `COMMIT` whose answer
 ///   was lost is [`StoreError::OutcomeUnknown`]: `begin` for the key tells whether it landed.
 ///   The pool pings a connection idle for a second or more before using it, and replaces a
@@ -130,7 +131,7 @@ const RACES: usize = 8;
 /// and the next poll takes over. The holder reads and settles on that connection, so a
 /// broken connection stops it at its next pass. A pass lasts at most about a second plus one
 /// attempt (`RelayConfig::attempt_timeout`), so a holder whose session the server ended
-/// (`pg_terminate_backend`, or its keepalives, set to give up after about 25 s of silence)
+/// (`pg_terminate_backend`, or its silence: see [`PgBuilder`], "Time limits")
 /// may go on handing messages to the sink for that long while the new holder starts: around
 /// a take-over a message may be delivered twice and, in that window, out of order. Session
 /// locks need a session: behind PgBouncer in transaction mode the lock does not hold, so
@@ -157,6 +158,11 @@ pub struct PgStore {
 /// What the clones of a store share.
 pub(crate) struct Inner {
     pub(crate) pool: PgPool,
+    /// The store's own connections, apart from the caller's work: lease renewals and the
+    /// `LISTEN` connection. A pool full of the holders' open transactions would otherwise
+    /// make their renewals wait until the lease ran out, and another attempt took a live
+    /// holder over.
+    pub(crate) upkeep: PgPool,
     pub(crate) names: Names,
     pub(crate) sql: Sql,
     pub(crate) config: Config,
@@ -198,11 +204,18 @@ impl PgStore {
         PgBuilder::new(url).open().await
     }
 
-    pub(crate) fn start(pool: PgPool, names: Names, config: Config, sweep: Sweep) -> Self {
+    /// A store over `pool` (the caller's work) and `upkeep` (its own).
+    pub(crate) fn start(
+        [pool, upkeep]: [PgPool; 2],
+        names: Names,
+        config: Config,
+        sweep: Sweep,
+    ) -> Self {
         let sql = Sql::new(&names);
         let store = PgStore {
             inner: Arc::new(Inner {
                 pool,
+                upkeep,
                 names,
                 sql,
                 config,
@@ -240,7 +253,7 @@ impl PgStore {
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
         let inner = &self.inner;
-        let (config, limit) = (&inner.config, inner.config.timeout.saturating_mul(2));
+        let (config, limit) = (&inner.config, self.call_limit());
         let tombstone_ms = duration_i64(config.tombstone_ttl);
         for _ in 0..RACES {
             let claimed = timed(
@@ -353,7 +366,7 @@ impl PgStore {
             query = query.bind(duration_i64(config.tombstone_ttl));
         }
         let row = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "evict",
             query.fetch_one(&self.inner.pool),
         )
@@ -366,7 +379,7 @@ impl PgStore {
     pub(crate) async fn list_abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
         let config = &self.inner.config;
         let rows = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "list abandoned work",
             sqlx::query(AssertSqlSafe(self.inner.sql.abandoned.clone()))
                 .bind(config.now())
@@ -380,7 +393,7 @@ impl PgStore {
     pub(crate) async fn exact_stats(&self) -> Result<Stats, StoreError> {
         let config = &self.inner.config;
         let row = timed(
-            config.timeout.saturating_mul(2),
+            self.call_limit(),
             "count records",
             sqlx::query(AssertSqlSafe(self.inner.sql.stats.clone()))
                 .bind(config.now())
@@ -425,7 +438,7 @@ impl PgStore {
 
     /// The time limit of one call that may wait for a connection and then run a statement.
     pub(crate) fn call_limit(&self) -> Duration {
-        self.inner.config.timeout.saturating_mul(2)
+        self.inner.config.bounds.call
     }
 }
 

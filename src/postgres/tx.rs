@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use super::claim::PgClaim;
-use super::driver::{backend, commit_failed};
+use super::driver::{backend, commit_failed, unknown};
 use crate::error::{CommitError, StoreError};
 use crate::model::message::{MessageError, Published};
 use crate::model::response::Response;
@@ -103,7 +103,9 @@ impl PgTx {
     ///   database refused the commit); the key stays in progress until its lease ends.
     /// - [`CommitError::Store`] with [`StoreError::OutcomeUnknown`]: the `COMMIT` was sent and
     ///   its answer lost. Everything or nothing is durable; `begin` for the key tells which
-    ///   (a `Replay` means it committed).
+    ///   (a `Replay` means it committed). A `COMMIT` that never arrived leaves the session
+    ///   in its transaction, holding the record's lock, until the server ends it: within
+    ///   about a lease (see [`PgBuilder`](crate::PgBuilder), "Time limits").
     pub async fn commit(mut self, response: Response) -> Result<Response, CommitError<PgClaim>> {
         let store = self.claim.store.clone();
         let limit = store.call_limit();
@@ -142,7 +144,7 @@ impl PgTx {
         match tokio::time::timeout(limit, self.tx.commit()).await {
             Ok(Ok(())) => Ok(response),
             Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
-            Err(_) => Err(CommitError::Store(StoreError::unknown(
+            Err(_) => Err(CommitError::Store(unknown(
                 "commit",
                 &format!("no answer from the database within {limit:?}"),
             ))),
@@ -150,8 +152,9 @@ impl PgTx {
     }
 
     /// Rolls back every business write and gives the claim back, still held: release it (no
-    /// side effect happened) or complete a failure response. A rollback that fails (the
-    /// connection is gone) has rolled back all the same: the server drops the transaction.
+    /// side effect happened) or complete a failure response. A rollback that fails has rolled
+    /// back all the same: the server drops the transaction when the connection closes, or
+    /// within about a lease when it went silent.
     pub async fn rollback(self) -> PgClaim {
         let limit = self.claim.store.call_limit();
         if let Ok(Err(e)) = tokio::time::timeout(limit, self.tx.rollback()).await {

@@ -29,6 +29,8 @@ pub struct Relay {
 struct Failing {
     attempts: u32,
     retry_at: Instant,
+    /// Its subject, which waits with it.
+    subject: String,
 }
 
 /// The sink's outage: how many attempts in a row found it [`Unavailable`], and when to try
@@ -138,11 +140,13 @@ async fn run<B: OutboxSource, S: Sink>(
         let Some(held) = handle.as_mut() else {
             continue;
         };
-        // The sink is down: nothing to read until it is worth trying again.
+        // The sink is down: nothing to read until it is worth trying again. Waited out in
+        // short steps, each taking the turn again: over PostgreSQL that keeps the lock's
+        // session from looking silent to the server through a long outage.
         if let Some(at) = outage.retry_at {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {
-                pause(&mut stopped, left).await;
+                pause(&mut stopped, left.min(config.idle_poll.max(BLOCKED_POLL))).await;
                 continue;
             }
         }
@@ -150,7 +154,8 @@ async fn run<B: OutboxSource, S: Sink>(
         // The store's backoff is reset only once a whole pass went through (read, and
         // settled if anything was delivered): a read that works between settlements that
         // fail would otherwise undo the doubling.
-        let pending = match store.pending(held, config.batch).await {
+        let waiting = waiting_subjects(&failing);
+        let pending = match store.pending(held, config.batch, &waiting).await {
             Ok(pending) => pending,
             Err(e) => {
                 // The turn may be gone with its connection: take it again before going on.
@@ -173,7 +178,7 @@ async fn run<B: OutboxSource, S: Sink>(
             &counters,
         )
         .await;
-        let (wake, pass_end) = (pass.next_retry, pass.end);
+        let (wake, pass_end, failed) = (pass.next_retry, pass.end, pass.failed);
         let progressed = !pass.delivered.is_empty() || !pass.dead.is_empty();
         if progressed {
             let seqs: Vec<u64> = pass
@@ -203,7 +208,9 @@ async fn run<B: OutboxSource, S: Sink>(
             }
         }
         store_backoff = config.first_backoff;
-        if (full || pass_end == PassEnd::OutOfTime) && progressed {
+        // A full batch may hide more: read again at once after progress, or when a subject
+        // failed in this pass (the next read leaves it out, and reaches past it).
+        if (full && (progressed || failed)) || (pass_end == PassEnd::OutOfTime && progressed) {
             continue;
         }
         // Messages waiting out a backoff: look again when the first is due, or sooner for
@@ -253,6 +260,8 @@ struct Pass {
     dead: Vec<DeadLetter>,
     /// The earliest retry due among messages that failed.
     next_retry: Option<Instant>,
+    /// Whether a message failed, so that its subject now waits.
+    failed: bool,
 }
 
 /// Delivers the batch in commit order, skipping subjects that have a message waiting for a
@@ -271,6 +280,7 @@ async fn deliver_pass<S: Sink>(
         delivered: Vec::new(),
         dead: Vec::new(),
         next_retry: None,
+        failed: false,
     };
     let mut blocked: HashSet<&str> = HashSet::new();
     let started = Instant::now();
@@ -324,9 +334,10 @@ async fn deliver_pass<S: Sink>(
             "delivering {} to {}: {error}",
             message.id, message.subject
         ));
-        let f = failing.entry(message.seq).or_insert(Failing {
+        let f = failing.entry(message.seq).or_insert_with(|| Failing {
             attempts: 0,
             retry_at: Instant::now(),
+            subject: message.subject.clone(),
         });
         f.attempts += 1;
         if f.attempts >= config.max_attempts {
@@ -343,9 +354,25 @@ async fn deliver_pass<S: Sink>(
         Counters::add(&counters.retried, 1);
         f.retry_at = Instant::now() + config.backoff_after(f.attempts);
         pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
+        pass.failed = true;
         blocked.insert(&message.subject);
     }
     pass
+}
+
+/// The subjects whose failed message waits out its backoff, sorted: the next read leaves
+/// them out, so that a subject that keeps failing cannot fill the batch and hide every other
+/// subject's messages behind its own until they are dead-lettered.
+fn waiting_subjects(failing: &HashMap<u64, Failing>) -> Vec<String> {
+    let now = Instant::now();
+    let mut subjects: Vec<String> = failing
+        .values()
+        .filter(|f| f.retry_at > now)
+        .map(|f| f.subject.clone())
+        .collect();
+    subjects.sort_unstable();
+    subjects.dedup();
+    subjects
 }
 
 /// One delivery, on a task of its own so that a panicking sink fails the attempt, not the

@@ -49,12 +49,15 @@ pub(crate) mod sealed {
             handle: &mut Option<Self::Handle>,
         ) -> impl Future<Output = Result<Turn, StoreError>> + Send;
 
-        /// Up to `limit` pending messages, in seq order. An error means the turn may be
-        /// lost: the relay drops its handle and takes the turn again.
+        /// Up to `limit` pending messages, in seq order, none of a subject in `skip` (sorted:
+        /// the subjects waiting out a backoff; leaving them out of the read keeps them from
+        /// filling the batch and starving the others). An error means the turn may be lost:
+        /// the relay drops its handle and takes the turn again.
         fn pending(
             &self,
             handle: &mut Self::Handle,
             limit: usize,
+            skip: &[String],
         ) -> impl Future<Output = Result<Vec<Message>, StoreError>> + Send;
 
         /// Removes `delivered` from the outbox and moves `dead` to the dead letters, all
@@ -79,9 +82,14 @@ impl sealed::Source for Store {
         Ok(Turn::Ours)
     }
 
-    async fn pending(&self, (): &mut (), limit: usize) -> Result<Vec<Message>, StoreError> {
-        let store = self.clone();
-        tokio::task::spawn_blocking(move || store.engine().pending_messages(None, limit))
+    async fn pending(
+        &self,
+        (): &mut (),
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<Message>, StoreError> {
+        let (store, skip) = (self.clone(), skip.to_vec());
+        tokio::task::spawn_blocking(move || store.engine().pending_messages(None, limit, &skip))
             .await
             .unwrap_or_else(|join| {
                 Err(StoreError::Internal {
@@ -126,8 +134,9 @@ impl sealed::Source for crate::postgres::PgStore {
         &self,
         handle: &mut Self::Handle,
         limit: usize,
+        skip: &[String],
     ) -> Result<Vec<Message>, StoreError> {
-        self.pending_on(handle, limit).await
+        self.pending_on(handle, limit, skip).await
     }
 
     async fn settle(

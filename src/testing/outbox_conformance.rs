@@ -188,6 +188,7 @@ macro_rules! outbox_conformance_suite {
             committed_messages_carry_the_downstream_key_and_index_and_their_payload,
             the_relay_delivers_every_message_in_order_per_subject_through_a_faulty_sink,
             a_poison_message_is_dead_lettered_then_retried_or_dropped,
+            a_subject_that_keeps_failing_does_not_starve_the_others,
             pending_messages_survive_a_reopen_and_are_delivered_after_it
         );
     };
@@ -246,18 +247,27 @@ fn relay_config() -> RelayConfig {
 }
 
 /// Polls `check` until it holds, for at most [`PATIENCE`].
-async fn eventually<F, Fut>(what: &str, mut check: F) -> Result<(), BoxError>
+async fn eventually<F, Fut>(what: &str, check: F) -> Result<(), BoxError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<bool, BoxError>>,
 {
-    let deadline = std::time::Instant::now() + PATIENCE;
+    within(PATIENCE, what, check).await
+}
+
+/// Polls `check` until it holds, for at most `patience`.
+async fn within<F, Fut>(patience: Duration, what: &str, mut check: F) -> Result<(), BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, BoxError>>,
+{
+    let deadline = std::time::Instant::now() + patience;
     loop {
         if check().await? {
             return Ok(());
         }
         if std::time::Instant::now() > deadline {
-            return Err(format!("after {PATIENCE:?}, still not {what}").into());
+            return Err(format!("after {patience:?}, still not {what}").into());
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -654,6 +664,56 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         !sink.has(&dead[1].message.id),
         "the dropped one never arrived"
     );
+    Ok(())
+}
+
+/// One subject whose messages all fail (retried, never given up within the case) fills
+/// more than a batch ahead of other subjects: the others are delivered all the same, within
+/// seconds, while it waits out its backoff; cured, it is delivered in order. (A relay that
+/// read the first `batch` messages by seq read only the failing subject's, skipped them
+/// while they waited, and read the same batch again: the others waited until the whole
+/// subject was dead-lettered.)
+pub async fn a_subject_that_keeps_failing_does_not_starve_the_others<H: OutboxHarness>(
+    harness: &H,
+) -> Result<(), BoxError> {
+    let backend = harness.open_at(&harness.place(), clock()).await?;
+    let mut stuck = Vec::new();
+    for i in 0..3 {
+        let poison = vec![("billing.stuck".to_owned(), b"poison".to_vec()); 2];
+        stuck.extend(commit_new(harness, &backend, &format!("stuck{i}"), poison).await?);
+    }
+    let mut others = Vec::new();
+    for i in 0..4u8 {
+        let message = vec![(format!("billing.ok{}", i % 2), vec![i])];
+        others.extend(commit_new(harness, &backend, &format!("ok{i}"), message).await?);
+    }
+    let sink = Arc::new(Faulty::default());
+    let config = relay_config()
+        .batch(4)
+        .max_attempts(10_000)
+        .backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let relay = Relay::start(&backend, Shared(sink.clone()), config);
+    within(
+        Duration::from_secs(10),
+        "the other subjects delivered past the failing one",
+        || async { Ok(others.iter().all(|id| sink.has(id))) },
+    )
+    .await?;
+    assert!(
+        stuck.iter().all(|id| !sink.has(id)),
+        "the failing subject waits"
+    );
+    assert!(sink.failures.load(Ordering::Relaxed) > 0, "it was tried");
+    sink.poison_cured.store(true, Ordering::SeqCst);
+    outbox_is(&backend, 0, 0).await?;
+    relay.stop().await;
+    let arrived: Vec<String> = sink
+        .accepted()
+        .into_iter()
+        .filter(|m| m.subject == "billing.stuck")
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(arrived, stuck, "the failing subject, in order, once cured");
     Ok(())
 }
 

@@ -67,9 +67,12 @@ pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
             .enable_all()
             .build()?;
         runtime.block_on(async move {
+            // Bounded, so that a session a test left holding a lock fails the cleanup instead
+            // of hanging it.
+            let options: sqlx::postgres::PgConnectOptions = url.parse()?;
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .acquire_timeout(std::time::Duration::from_secs(5))
-                .connect(&url)
+                .connect_with(options.options([("statement_timeout", "30000")]))
                 .await?;
             for prefix in prefixes {
                 let Ok(names) = Names::new(&prefix) else {
@@ -108,6 +111,66 @@ pub fn drop_prefixes(url: &str, prefixes: Vec<String>) {
         Ok(Err(e)) => eprintln!("could not drop a test's tables: {e}"),
         Err(_) => eprintln!("dropping a test's tables panicked"),
     }
+}
+
+/// The tables of one test under a prefix of their own ([`unique_prefix`]), in the database
+/// at [`database_url`]; dropped when the test ends, pass or fail.
+#[derive(Debug)]
+pub struct Prefix {
+    url: String,
+    name: String,
+}
+
+impl Prefix {
+    /// A fresh prefix, `tag` in its name.
+    pub fn new(tag: &str) -> Self {
+        Prefix {
+            url: database_url(),
+            name: unique_prefix(tag),
+        }
+    }
+
+    /// The prefix itself.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The name of the table `suffix` under this prefix.
+    pub fn table(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.name)
+    }
+}
+
+impl Drop for Prefix {
+    fn drop(&mut self) {
+        drop_prefixes(&self.url, vec![self.name.clone()]);
+    }
+}
+
+/// The session holding the relay lock of the store under `prefix` (the two-key advisory
+/// lock: "idem", and the hash of the outbox table's name), if any: its backend pid and, over
+/// TCP, its client port.
+///
+/// # Errors
+/// If the database does not answer.
+pub async fn relay_lock_holder(
+    admin: &sqlx::PgPool,
+    prefix: &str,
+) -> Result<Option<(i32, Option<i32>)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT l.pid, a.client_port FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+         AND l.classid = 1768187245::oid \
+         AND l.objid::bigint = (hashtext($1)::bigint + 4294967296) % 4294967296",
+    )
+    .bind(format!("{prefix}outbox"))
+    .fetch_optional(admin)
+    .await
 }
 
 /// Fresh stores in the database at [`database_url`], each under a table prefix of its own;

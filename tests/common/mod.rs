@@ -5,6 +5,8 @@
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats;
+#[cfg(feature = "postgres")]
+pub mod proxy;
 #[cfg(feature = "http")]
 pub mod service;
 
