@@ -32,6 +32,17 @@ fn stride() -> u64 {
         .max(1)
 }
 
+/// A case that runs `ops` with no fault.
+fn fault_free(durability: Durability, ops: Vec<idemstore::testing::CrashOp>) -> CrashCase {
+    CrashCase {
+        durability,
+        ops,
+        fault: Fault::None,
+        tear: Tear::Drop,
+        then: None,
+    }
+}
+
 fn run(case: &CrashCase, seed: u64) -> Result<idemstore::testing::CaseReport, String> {
     run_case(case).map_err(|v| {
         format!(
@@ -50,13 +61,7 @@ fn crashes_at_every_point_of_random_workloads_keep_every_acknowledged_write() ->
         for seed in seeds() {
             println!("crash matrix: seed {seed}, {durability:?}");
             let ops = workload(seed, STEPS, KEYS);
-            let mut case = CrashCase {
-                durability,
-                ops,
-                fault: Fault::None,
-                tear: Tear::Drop,
-                then: None,
-            };
+            let mut case = fault_free(durability, ops);
             let clean = run(&case, seed)?;
             cases += 1;
             assert_eq!(
@@ -84,13 +89,7 @@ fn io_errors_and_failed_syncs_at_random_points_keep_every_acknowledged_write() -
     for durability in [Durability::Wal, Durability::Redb] {
         for seed in seeds() {
             let ops = workload(seed ^ 0xfau64, STEPS, KEYS);
-            let mut case = CrashCase {
-                durability,
-                ops,
-                fault: Fault::None,
-                tear: Tear::Drop,
-                then: None,
-            };
+            let mut case = fault_free(durability, ops);
             let clean = run(&case, seed)?;
             let syncs_guess = clean.disk_ops / 2;
             for at in (1..=clean.disk_ops).step_by(5) {
@@ -122,13 +121,7 @@ fn a_full_disk_at_any_operation_loses_nothing_and_service_resumes_without_a_rest
     for durability in [Durability::Wal, Durability::Redb] {
         for seed in seeds() {
             let ops = workload(seed ^ 0xd15c, STEPS, KEYS);
-            let mut case = CrashCase {
-                durability,
-                ops,
-                fault: Fault::None,
-                tear: Tear::Drop,
-                then: None,
-            };
+            let mut case = fault_free(durability, ops);
             let clean = run(&case, seed)?;
             for at in (1..=clean.disk_ops).step_by(stride() as usize) {
                 case.fault = Fault::FullAt(at);
@@ -162,13 +155,7 @@ fn two_faults(durability: Durability) -> Result<(), String> {
     let stride = stride().max(3);
     for seed in seeds().into_iter().take(2) {
         let ops = workload(seed ^ 0x2f, STEPS, KEYS);
-        let mut case = CrashCase {
-            durability,
-            ops,
-            fault: Fault::None,
-            tear: Tear::Drop,
-            then: None,
-        };
+        let mut case = fault_free(durability, ops);
         let clean = run(&case, seed)?;
         let syncs_guess = clean.disk_ops / 2;
         let firsts = (1..=syncs_guess)
