@@ -3,6 +3,7 @@
 //!
 //! One test in this binary: the recorder is process-global.
 
+#[path = "suite/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;

@@ -1,5 +1,6 @@
 //! The store's tracing output names the tenant, operation and key, and never a response body.
 
+#[path = "suite/common/mod.rs"]
 mod common;
 
 use std::io::Write;

@@ -1,0 +1,143 @@
+//! An example (the edge service, the ledger consumer) as a real process, for the tests that
+//! kill it: each test binary re-runs itself with `<entry> --ignored` (its own entry point,
+//! which runs the example's `main`), reads the address it prints, and talks to it over
+//! loopback.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::time::{Duration, Instant};
+
+/// How long a child may take to print what a test waits for.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A running service: the child, its address, and its stdout lines.
+pub struct Service {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    lines: Mutex<Receiver<String>>,
+    /// A client that answers every status (4xx and 5xx are answers here, not errors).
+    pub agent: ureq::Agent,
+}
+
+impl Service {
+    /// Starts the service on an ephemeral port with its data in `data`: no lost processor
+    /// answers and no completer unless `env` (applied last) says otherwise.
+    /// `entry` is the full test name of the caller's service entry (`child_test!`).
+    pub fn start(
+        entry: &str,
+        data: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Service, Box<dyn std::error::Error>> {
+        let data = data.to_str().ok_or("a data path that is not UTF-8")?;
+        let mut all = vec![
+            ("EDGE_SERVICE_CHILD", "1"),
+            ("EDGE_ADDR", "127.0.0.1:0"),
+            ("EDGE_DATA", data),
+            ("EDGE_TIMEOUT_RATE", "0"),
+            // The completer only where a test asks for it: it would race the retries the
+            // tests make themselves.
+            ("EDGE_COMPLETE_EVERY_MS", "3600000"),
+        ];
+        all.extend_from_slice(env);
+        Service::spawn(entry, &all)
+    }
+
+    /// Runs this test binary's ignored test `entry` as a child with `env`, and waits for it
+    /// to print `listening on <base>`.
+    pub fn spawn(entry: &str, env: &[(&str, &str)]) -> Result<Service, Box<dyn std::error::Error>> {
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args([
+                entry,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let mut child = command.spawn()?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (send, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut service = Service {
+            child,
+            base: String::new(),
+            lines: Mutex::new(lines),
+            agent: ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .into(),
+        };
+        let listening = service.line_starting("listening on ")?;
+        service.base = listening["listening on ".len()..].to_owned();
+        Ok(service)
+    }
+
+    /// Waits for the child to print `prefix`; answers the line from there on.
+    pub fn line_starting(&self, prefix: &str) -> Result<String, Box<dyn std::error::Error>> {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let next = self
+                .lines
+                .lock()
+                .map_err(|_| "poisoned")?
+                .recv_timeout(left);
+            match next {
+                // The harness's "test service_process ... " may share the first line.
+                Ok(line) if line.contains(prefix) => {
+                    let at = line.find(prefix).unwrap_or(0);
+                    return Ok(line[at..].to_owned());
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return Err(format!("no `{prefix}` line").into()),
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(format!("the service exited before printing `{prefix}`").into());
+                }
+            }
+        }
+    }
+
+    /// Moves the service's manual clock (`EDGE_MANUAL_CLOCK=1`) forward.
+    pub fn advance_clock(&self, seconds: u64) -> Result<(), Box<dyn std::error::Error>> {
+        let url = format!("{}/_test/clock?advance_secs={seconds}", self.base);
+        let mut answer = self.agent.post(url).send_empty()?;
+        let status = answer.status().as_u16();
+        if status != 200 {
+            return Err(format!(
+                "advancing the clock: {status} {}",
+                answer.body_mut().read_to_string()?
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: no destructor, no flush, no goodbye.
+    pub fn kill(mut self) -> std::io::Result<()> {
+        self.child.kill()?;
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,82 @@
+//! Every integration test, in one test binary.
+//!
+//! Each file below was once a binary of its own. Each such binary linked the whole dependency
+//! graph (redb, tokio, axum, sqlx, async-nats) again: 43 links of about 80 MB each, gigabytes
+//! of disk and minutes of link time on a small machine, for no isolation the tests need. One
+//! binary links once. A module that needs a feature is compiled only with it, as its
+//! `required-features` entry used to say.
+//!
+//! Tests that run a child process run this same binary with the child's full test path
+//! (`module::name`, see `common::child`).
+
+mod common;
+
+#[cfg(feature = "tokio")]
+mod async_api;
+mod bad_input;
+#[cfg(feature = "cli")]
+mod cli;
+mod compact;
+#[cfg(feature = "tokio")]
+mod completer;
+#[cfg(feature = "testing")]
+mod concurrent_crash;
+#[cfg(all(feature = "testing", feature = "tokio"))]
+mod conformance;
+#[cfg(feature = "testing")]
+mod crash_matrix;
+mod damaged_file;
+mod dir_lock;
+#[cfg(feature = "testing")]
+mod epoch_faults;
+#[cfg(all(feature = "testing", feature = "tokio"))]
+mod execute;
+mod group_isolation;
+#[cfg(feature = "http")]
+mod http_answers;
+#[cfg(feature = "http")]
+mod http_concurrency;
+#[cfg(all(feature = "http", feature = "testing"))]
+mod http_faults;
+#[cfg(feature = "http")]
+mod http_fingerprints;
+#[cfg(feature = "http")]
+mod http_handlers;
+#[cfg(feature = "http")]
+mod http_local;
+#[cfg(feature = "http")]
+mod http_service;
+#[cfg(all(feature = "http", feature = "testing"))]
+mod http_stalls;
+mod lifecycle;
+#[cfg(feature = "testing")]
+mod memory;
+#[cfg(all(feature = "nats", feature = "testing"))]
+mod nats;
+#[cfg(all(feature = "testing", feature = "tokio"))]
+mod outbox;
+mod permissions;
+#[cfg(all(feature = "postgres", feature = "testing"))]
+mod pg_silent_network;
+#[cfg(all(feature = "http", feature = "nats", feature = "postgres", feature = "testing"))]
+mod pg_two_instances;
+#[cfg(all(feature = "postgres", feature = "testing"))]
+mod postgres;
+mod process_kill;
+#[cfg(all(feature = "http", feature = "nats", feature = "testing"))]
+mod queue_crash;
+mod race;
+#[cfg(all(feature = "testing", feature = "tokio"))]
+mod relay_outage;
+mod reopen;
+#[cfg(feature = "testing")]
+mod retention;
+#[cfg(feature = "testing")]
+mod second_fault;
+mod stats;
+mod ttl;
+mod two_processes;
+#[cfg(feature = "testing")]
+mod wal;
+#[cfg(feature = "testing")]
+mod wal_decode;
