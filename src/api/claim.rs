@@ -204,7 +204,11 @@ impl Claim {
     ) -> Result<Response, CommitError> {
         let refusal = match answer {
             Ok(Ok(response)) => {
-                self.store.engine().committed(started.elapsed());
+                self.store.engine().committed(
+                    self.scope.operation(),
+                    self.held.claimed_at,
+                    started.elapsed(),
+                );
                 tracing::debug!(status = response.status(), "committed");
                 return Ok(response);
             }

@@ -223,7 +223,7 @@ impl Engine {
     ) -> Result<Option<Begin<C>>, StoreError> {
         let now = self.shared.config.clock.now();
         let existing = self.read_record(scope)?;
-        Ok(self.without_writing(existing, fingerprint, now))
+        Ok(self.without_writing(scope, existing, fingerprint, now))
     }
 
     /// [`Engine::read_path`] for async callers: inline when the file is free (a read of cached
@@ -255,7 +255,7 @@ impl Engine {
     ) -> Option<Result<Option<Begin<C>>, StoreError>> {
         let now = self.shared.config.clock.now();
         let existing = self.try_read_record(scope)?;
-        Some(existing.map(|existing| self.without_writing(existing, fingerprint, now)))
+        Some(existing.map(|existing| self.without_writing(scope, existing, fingerprint, now)))
     }
 
     /// What `begin` answers from the record it read, or `None`: a claim or a take-over, which
@@ -263,6 +263,7 @@ impl Engine {
     /// are serialised and exactly one wins.
     fn without_writing<C>(
         &self,
+        scope: &Scope,
         existing: Option<Record>,
         fingerprint: Fingerprint,
         now: Timestamp,
@@ -273,7 +274,7 @@ impl Engine {
             now,
             self.shared.config.tombstone_ttl,
         );
-        Begin::without_writing(decided)
+        Begin::without_writing(decided, &self.shared.pace, scope.operation())
     }
 
     /// The tenant, as a metric label, if the user opted in to it.

@@ -4,6 +4,7 @@
 use super::tx::Tx;
 use crate::model::clock::Timestamp;
 use crate::model::config::Config;
+use crate::model::pace::Pace;
 
 use std::sync::Arc;
 
@@ -16,6 +17,8 @@ pub(crate) struct Context<'a> {
     /// The time this request is decided at (read once per request).
     pub(crate) now: Timestamp,
     pub(crate) config: &'a Config,
+    /// The operations' completion times, for what a duplicate of a claim in flight is told.
+    pub(crate) pace: &'a Pace,
     pub(crate) tables: InternalTables,
     /// Claims granted here count as holders at once (see `watchers`).
     pub(crate) watchers: &'a Arc<Watchers>,
@@ -43,6 +46,7 @@ impl<'a> Context<'a> {
     pub(crate) fn new(
         now: Timestamp,
         config: &'a Config,
+        pace: &'a Pace,
         tables: InternalTables,
         watchers: &'a Arc<Watchers>,
         next_fence: &'a mut u64,
@@ -50,6 +54,7 @@ impl<'a> Context<'a> {
         Context {
             now,
             config,
+            pace,
             tables,
             watchers,
             next_fence,

@@ -34,13 +34,16 @@ pub(crate) struct Held {
     pub(crate) attempt: u32,
     pub(crate) lease_until: Timestamp,
     pub(crate) checkpoint: Option<Vec<u8>>,
+    /// When this attempt was granted (by the store's clock): the start of the claim-to-
+    /// completion time its commit adds to the operation's pace.
+    pub(crate) claimed_at: Timestamp,
     /// Counts the claim as a holder of its scope for `begin_or_wait`, from the writer on;
     /// kept for its drop, which wakes the scope's waiters.
     _hold: HoldToken,
 }
 
 impl Held {
-    fn of(record: &Record, hold: HoldToken) -> Self {
+    fn of(record: &Record, claimed_at: Timestamp, hold: HoldToken) -> Self {
         let (lease_until, checkpoint) = match &record.state {
             RecordState::InProgress {
                 lease_until,
@@ -56,6 +59,7 @@ impl Held {
             attempt: record.attempt,
             lease_until,
             checkpoint,
+            claimed_at,
             _hold: hold,
         }
     }
@@ -158,6 +162,7 @@ pub(crate) fn begin(
     );
     let held = Held::of(
         &granted.record,
+        ctx.now,
         HoldToken::new(ctx.watchers, scope.encode()),
     );
     (Keep::Writes, Ok(granted.kind.answer(held)))
@@ -248,7 +253,7 @@ fn grant<C>(
             (record, Grant::TakeOver)
         }
         other => {
-            return Begin::without_writing(other)
+            return Begin::without_writing(other, ctx.pace, scope.operation())
                 .map(Err)
                 .ok_or_else(|| StoreError::Internal {
                     message: "begin decided to write without a claim".into(),

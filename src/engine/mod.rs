@@ -83,8 +83,10 @@ use std::thread::{JoinHandle, ThreadId};
 use parking_lot::Mutex;
 
 use crate::error::OpenError;
+use crate::model::clock::Timestamp;
 use crate::model::config::Config;
 use crate::model::limits::Limits;
+use crate::model::pace::Pace;
 use crate::storage::{Storage, SyncWatch};
 use crate::wal::RecoveryReport;
 
@@ -112,6 +114,8 @@ pub(crate) struct Shared {
     pub(crate) config: Arc<Config>,
     pub(crate) poison: Arc<Poison>,
     pub(crate) counters: Arc<Counters>,
+    /// How long each operation's claims take to complete, for `InProgress` answers.
+    pub(crate) pace: Arc<Pace>,
     /// Records acknowledged but not yet published to redb.
     pub(crate) overlay: Arc<Overlay>,
     /// Claims held and callers waiting, per scope, in this process.
@@ -175,6 +179,7 @@ impl Engine {
             config,
             poison: Arc::default(),
             counters: Arc::default(),
+            pace: Arc::default(),
             overlay: Arc::default(),
             watchers: Arc::default(),
             recovery: Arc::new(Mutex::new(caught_up.report)),
@@ -238,9 +243,19 @@ impl Engine {
         }
     }
 
-    /// Counts an acknowledged commit that took `took` from the call.
-    pub(crate) fn committed(&self, took: std::time::Duration) {
+    /// Counts an acknowledged commit that took `took` from the call, of a claim of
+    /// `operation` granted at `claimed_at`.
+    pub(crate) fn committed(
+        &self,
+        operation: &str,
+        claimed_at: Timestamp,
+        took: std::time::Duration,
+    ) {
         self.shared.counters.committed(took);
+        let now = self.shared.config.clock.now();
+        self.shared
+            .pace
+            .completed(operation, now.saturating_since(claimed_at));
     }
 
     /// Counts an acknowledged release.

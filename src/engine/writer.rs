@@ -662,6 +662,7 @@ impl Writer {
                 let mut ctx = Context::new(
                     now,
                     &self.shared.config,
+                    &self.shared.pace,
                     self.shared.tables,
                     &self.shared.watchers,
                     &mut self.next_fence,

@@ -14,7 +14,7 @@
 //! | new key, and the handler fails with a [`HandlerError`], panics, or is cancelled | the claim is left in progress: its outcome is unknown |
 //! | new key, and the handler's response is too large to store | the client gets it whole; a fixed 500 problem is stored in its place |
 //! | key of a completed request, same request | the stored response, `Idempotent-Replayed: true` |
-//! | key of a request in flight | 409 problem, `Retry-After` (or wait first: [`IdempotencyLayer::wait`]) |
+//! | key of a request in flight | 409 problem, `Retry-After` from the operation's recent completion times, within the holder's lease (see [`Begin::InProgress`](crate::Begin::InProgress)), or wait first: [`IdempotencyLayer::wait`] |
 //! | key used for a different request | 422 problem |
 //! | key whose response expired but whose tombstone is kept | 410 problem |
 //! | the store cannot answer (a full disk, recovering) | 503 problem, `Retry-After` growing with the outage, with jitter |

@@ -42,8 +42,9 @@ fn problem_body(status: StatusCode, kind: &str, title: &str, detail: &str) -> St
     .to_string()
 }
 
-/// 409 for a key whose first request is still in flight, with `Retry-After` in whole seconds
-/// (the rest of the lease, rounded up, at least one).
+/// 409 for a key whose first request is still in flight, with `Retry-After` in whole seconds:
+/// the store's advice (what the first request probably still needs, within its lease; see
+/// `model::pace`), rounded up, at least one.
 pub(crate) fn in_progress(retry_after: Duration) -> Response<Body> {
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
     let mut response = problem(

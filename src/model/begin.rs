@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use crate::model::clock::Timestamp;
 use crate::model::decision::Decision;
+use crate::model::pace::Pace;
 use crate::model::response::Response;
 
 /// The outcome of `begin`: one atomic decision per call.
@@ -28,9 +29,15 @@ pub enum Begin<C> {
     /// The request already completed: this is its stored response, byte for byte.
     Replay(Response),
     /// A live claim for the same request holds the scope; nothing was written. Retry after
-    /// `retry_after` (the rest of its lease).
+    /// `retry_after`.
     InProgress {
-        /// How long until the holder's lease ends.
+        /// How long the holder probably still needs: the operation's recent completion time
+        /// (claim to completion, a moving average kept per operation name by this process)
+        /// minus how long the holder has run. Never shorter than one second (unless the lease
+        /// ends sooner) nor past the end of the holder's lease, when a retry would recover
+        /// it. With no completion of the operation seen yet, or once the holder has outrun
+        /// the estimate: as long again as it has run so far, so successive retries back off
+        /// (1 s, 2 s, 4 s, ...).
         retry_after: Duration,
     },
     /// The scope is held or completed for a different request (another fingerprint): the key
@@ -47,11 +54,18 @@ pub enum Begin<C> {
 
 impl<C> Begin<C> {
     /// The answer to a decision that writes nothing; `None` for a claim or a take-over, which
-    /// only the writer (inside its transaction) may grant.
-    pub(crate) fn without_writing(decision: Decision<'_>) -> Option<Self> {
+    /// only the writer (inside its transaction) may grant. A claim in flight is advised from
+    /// `pace`, the estimate for `operation`.
+    pub(crate) fn without_writing(
+        decision: Decision<'_>,
+        pace: &Pace,
+        operation: &str,
+    ) -> Option<Self> {
         match decision {
             Decision::Replay(response) => Some(Begin::Replay(response.clone())),
-            Decision::InProgress { retry_after } => Some(Begin::InProgress { retry_after }),
+            Decision::InProgress(in_flight) => Some(Begin::InProgress {
+                retry_after: pace.advise(operation, in_flight),
+            }),
             Decision::Mismatch => Some(Begin::Mismatch),
             Decision::Expired { completed_at } => Some(Begin::Expired { completed_at }),
             Decision::Claim | Decision::TakeOver(_) => None,

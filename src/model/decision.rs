@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::error::StaleReason;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
+use crate::model::pace::InFlight;
 use crate::model::record::{Record, RecordState, Visibility};
 use crate::model::response::Response;
 
@@ -21,8 +22,9 @@ pub(crate) enum Decision<'a> {
     TakeOver(&'a Record),
     /// A completed record for the same request: answer with its response.
     Replay(&'a Response),
-    /// A live claim for the same request holds the scope.
-    InProgress { retry_after: Duration },
+    /// A live claim for the same request holds the scope; what to advise its duplicate is
+    /// [`pace`](crate::model::pace)'s to say.
+    InProgress(InFlight),
     /// The scope is held or completed for a different request.
     Mismatch,
     /// The same request completed, but its response was evicted; the tombstone remains.
@@ -56,10 +58,24 @@ pub(crate) fn decide<'a>(
         RecordState::Tombstone { completed_at, .. } => Decision::Expired {
             completed_at: *completed_at,
         },
-        RecordState::InProgress { lease_until, .. } if *lease_until > now => Decision::InProgress {
-            retry_after: lease_until.saturating_since(now),
-        },
+        RecordState::InProgress { lease_until, .. } if *lease_until > now => {
+            Decision::InProgress(in_flight(record, *lease_until, now))
+        }
         RecordState::InProgress { .. } => Decision::TakeOver(record),
+    }
+}
+
+/// The live claim of `record` at `now`, as its duplicate finds it. Only a first attempt's
+/// start is stored (`created_at`); a take-over counts as just started.
+fn in_flight(record: &Record, lease_until: Timestamp, now: Timestamp) -> InFlight {
+    debug_assert!(lease_until > now, "a live lease");
+    let running_for = match record.attempt {
+        1 => now.saturating_since(record.created_at),
+        _ => Duration::ZERO,
+    };
+    InFlight {
+        lease_left: lease_until.saturating_since(now),
+        running_for,
     }
 }
 
@@ -160,13 +176,23 @@ mod tests {
     }
 
     #[test]
-    fn live_lease_same_request_is_in_progress_with_remaining_lease() {
+    fn live_lease_same_request_is_in_progress_with_remaining_lease_and_time_run() {
         let rec = claimed(fp("a"), 1, t(1_000), LEASE);
         assert_eq!(
             decide(Some(&rec), &fp("a"), t(11_000), Duration::ZERO),
-            Decision::InProgress {
-                retry_after: Duration::from_secs(20)
-            }
+            Decision::InProgress(InFlight {
+                lease_left: Duration::from_secs(20),
+                running_for: Duration::from_secs(10),
+            })
+        );
+        let recovered = taken_over(&rec, 2, t(40_000), LEASE);
+        assert_eq!(
+            decide(Some(&recovered), &fp("a"), t(45_000), Duration::ZERO),
+            Decision::InProgress(InFlight {
+                lease_left: Duration::from_secs(25),
+                running_for: Duration::ZERO,
+            }),
+            "a take-over's start is not stored"
         );
     }
 
@@ -175,7 +201,7 @@ mod tests {
         let rec = claimed(fp("a"), 1, t(0), LEASE);
         assert!(matches!(
             decide(Some(&rec), &fp("a"), t(29_999), Duration::ZERO),
-            Decision::InProgress { .. }
+            Decision::InProgress(_)
         ));
         assert_eq!(
             decide(Some(&rec), &fp("a"), t(30_000), Duration::ZERO),

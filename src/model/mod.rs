@@ -14,6 +14,7 @@ pub(crate) mod maintenance;
 pub(crate) mod memory;
 pub(crate) mod message;
 pub(crate) mod outcomes;
+pub(crate) mod pace;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod scope;

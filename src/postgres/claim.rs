@@ -37,6 +37,9 @@ pub struct PgClaim {
     origin_fence: u64,
     attempt: u32,
     lease_until: Timestamp,
+    /// When this attempt was granted, by the database's clock (or the injected one): the
+    /// start of the claim-to-completion time its completion adds to the operation's pace.
+    claimed_at: Timestamp,
     checkpoint: Option<Vec<u8>>,
     /// Held while the claim lives; a keep-alive stops when it cannot upgrade its weak copy.
     alive: Arc<()>,
@@ -75,6 +78,9 @@ impl PgClaim {
         let origin_fence: i64 = row.try_get("origin_fence").map_err(read)?;
         let attempt: i32 = row.try_get("attempt").map_err(read)?;
         let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
+        let lease_until = lease_until.unwrap_or(0);
+        // The claim set its lease to its statement's `now` plus this lease, to the millisecond.
+        let claimed_at = lease_until.saturating_sub(duration_i64(store.inner.config.lease));
         Ok(PgClaim {
             store,
             scope,
@@ -82,7 +88,8 @@ impl PgClaim {
             fence: u64::try_from(fence).unwrap_or(0),
             origin_fence: u64::try_from(origin_fence).unwrap_or(0),
             attempt: u32::try_from(attempt).unwrap_or(0),
-            lease_until: timestamp(lease_until.unwrap_or(0)),
+            lease_until: timestamp(lease_until),
+            claimed_at: timestamp(claimed_at),
             checkpoint: row.try_get("checkpoint").map_err(read)?,
             alive: Arc::new(()),
         })
@@ -215,7 +222,10 @@ impl PgClaim {
         )
         .await;
         match done {
-            Ok(Ok(Some(_))) => Ok(response),
+            Ok(Ok(Some(row))) => {
+                self.completed(&row);
+                Ok(response)
+            }
             Ok(Ok(None)) => Err(CommitError::Stale(self.stale().await?)),
             // Refused before it was sent: nothing happened.
             Ok(Err(e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed))) => {
@@ -226,6 +236,18 @@ impl PgClaim {
                 "complete",
                 &format!("no answer from the database within {limit:?}"),
             ))),
+        }
+    }
+
+    /// Adds this claim's time from claim to completion (`row`, a completion statement's
+    /// answer) to its operation's pace. Call only once the completion is committed.
+    pub(crate) fn completed(&self, row: &PgRow) {
+        match row.try_get::<i64, _>("completed_ms") {
+            Ok(completed) => self.store.inner.pace.completed(
+                self.scope.operation(),
+                timestamp(completed).saturating_since(self.claimed_at),
+            ),
+            Err(e) => tracing::debug!(error = %e, "a completion without its time"),
         }
     }
 

@@ -23,6 +23,7 @@ use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
 use crate::model::maintenance::{Abandoned, Backlog, Evicted};
 use crate::model::outcomes::Outcomes;
+use crate::model::pace::Pace;
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 
@@ -168,6 +169,9 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// Answers since open, in this process.
     pub(crate) counters: Outcomes,
+    /// How long each operation's claims made here take to complete, for `InProgress`
+    /// answers (this instance's view: another instance's completions are not seen).
+    pub(crate) pace: Pace,
     /// Completions and releases announced by the database, for `begin_or_wait`.
     pub(crate) wakeups: Wakeups,
     sweeper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -220,6 +224,7 @@ impl PgStore {
                 sql,
                 config,
                 counters: Outcomes::default(),
+                pace: Pace::default(),
                 wakeups: Wakeups::new(),
                 sweeper: parking_lot::Mutex::new(None),
             }),
@@ -296,7 +301,7 @@ impl PgStore {
             let (record, now) = record_of(scope, &row)?;
             let decided = decide(Some(&record), &fingerprint, now, config.tombstone_ttl);
             // `None`: the record became claimable between the two statements.
-            if let Some(answer) = Begin::without_writing(decided) {
+            if let Some(answer) = Begin::without_writing(decided, &inner.pace, scope.operation()) {
                 inner.counters.answered(&answer);
                 return Ok(answer);
             }

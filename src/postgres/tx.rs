@@ -123,8 +123,8 @@ impl PgTx {
             self.claim.completion_publishing(&response, published)
         };
         let updated = tokio::time::timeout(limit, completion.fetch_optional(&mut *self.tx)).await;
-        match updated {
-            Ok(Ok(Some(_))) => {}
+        let done = match updated {
+            Ok(Ok(Some(done))) => done,
             Ok(Ok(None)) => {
                 let claim = self.rollback().await;
                 return Err(CommitError::Stale(claim.stale().await?));
@@ -140,9 +140,12 @@ impl PgTx {
                         .into(),
                 }));
             }
-        }
+        };
         match tokio::time::timeout(limit, self.tx.commit()).await {
-            Ok(Ok(())) => Ok(response),
+            Ok(Ok(())) => {
+                self.claim.completed(&done);
+                Ok(response)
+            }
             Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
             Err(_) => Err(CommitError::Store(unknown(
                 "commit",

@@ -327,7 +327,8 @@ async fn a_slow_handler_is_never_taken_over_while_it_runs() -> TestResult {
         retry_after = duplicate.headers[header::RETRY_AFTER]
             .to_str()?
             .parse::<u64>()?;
-        assert!(retry_after > LEASE.as_secs() / 3, "{retry_after}");
+        // As long again as it has run (no completion seen yet), within the renewed lease.
+        assert!(retry_after >= LEASE.as_secs() / 3, "{retry_after}");
     }
     assert!(retry_after <= LEASE.as_secs());
     go.notify_one();

@@ -45,6 +45,8 @@ mod http_handlers;
 #[cfg(feature = "http")]
 mod http_local;
 #[cfg(feature = "http")]
+mod http_retry_after;
+#[cfg(feature = "http")]
 mod http_service;
 #[cfg(all(feature = "http", feature = "testing"))]
 mod http_stalls;
