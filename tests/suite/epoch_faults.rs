@@ -10,7 +10,6 @@
 //! sync). Then: every write that was acknowledged is present, before and after a reopen; every
 //! write refused as "not written" is absent; the store goes on accepting writes.
 
-
 use std::cmp::Ordering;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};

@@ -10,6 +10,11 @@
 //! (`module::name`, see `common::child`).
 
 mod common;
+/// The edge service example, loaded once for the tests that run it as a child process.
+#[cfg(feature = "http")]
+#[allow(dead_code, unreachable_pub)]
+#[path = "../../examples/edge_service/main.rs"]
+mod edge_service;
 
 #[cfg(feature = "tokio")]
 mod async_api;
@@ -60,7 +65,12 @@ mod outbox;
 mod permissions;
 #[cfg(all(feature = "postgres", feature = "testing"))]
 mod pg_silent_network;
-#[cfg(all(feature = "http", feature = "nats", feature = "postgres", feature = "testing"))]
+#[cfg(all(
+    feature = "http",
+    feature = "nats",
+    feature = "postgres",
+    feature = "testing"
+))]
 mod pg_two_instances;
 #[cfg(all(feature = "postgres", feature = "testing"))]
 mod postgres;

@@ -12,9 +12,7 @@
 
 use crate::common;
 
-#[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/edge_service/main.rs"]
-mod edge_service;
+use crate::edge_service;
 
 use std::sync::{Arc, Barrier};
 

@@ -12,9 +12,7 @@
 
 use crate::common;
 
-#[path = "../../examples/edge_service/main.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod edge_service;
+use crate::edge_service;
 #[path = "../../examples/ledger_consumer/main.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod ledger_consumer;

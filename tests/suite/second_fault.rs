@@ -5,8 +5,8 @@
 use crate::common;
 
 use std::sync::Arc;
-use std::time::Duration;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use common::{ORDERS, TestResult, builder, clock, fp, scope};
 use idemstore::testing::{FaultPlan, SecondFault, SimDisk, Tear, Then};

@@ -183,7 +183,12 @@ impl Running {
     fn start(role: &str, dir: &Path, holder: Option<u32>) -> Result<Running, std::io::Error> {
         let mut command = Command::new(std::env::current_exe()?);
         command
-            .args([crate::child_test!("child_role").as_str(), "--exact", "--nocapture", "--test-threads=1"])
+            .args([
+                crate::child_test!("child_role").as_str(),
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE, role)
             .env(DIR, dir)
             .stdin(Stdio::piped())

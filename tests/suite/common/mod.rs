@@ -30,7 +30,9 @@ macro_rules! child_test {
 
 /// `module` (a `module_path!()`) without its first segment, the crate, then `::name`.
 pub fn below_crate(module: &str, name: &str) -> String {
-    let (_crate, path) = module.split_once("::").expect("a test module below the crate root");
+    let (_crate, path) = module
+        .split_once("::")
+        .expect("a test module below the crate root");
     format!("{path}::{name}")
 }
 
