@@ -99,9 +99,10 @@ pub(crate) fn gauge(name: &'static str, value: f64) {
     let _ = (name, value);
 }
 
-/// Sets the records-by-state gauges.
+/// Sets the records-by-state gauges and the age of the oldest work in progress (0 with none),
+/// from either backend's exact count.
 #[inline]
-pub(crate) fn records(in_progress: u64, completed: u64, tombstones: u64) {
+pub(crate) fn records(in_progress: u64, completed: u64, tombstones: u64, oldest: Option<Duration>) {
     #[cfg(feature = "metrics")]
     for (state, n) in [
         ("in_progress", in_progress),
@@ -110,6 +111,7 @@ pub(crate) fn records(in_progress: u64, completed: u64, tombstones: u64) {
     ] {
         metrics::gauge!(RECORDS, "state" => state).set(n as f64);
     }
+    gauge(OLDEST_IN_PROGRESS, oldest.map_or(0.0, |d| d.as_secs_f64()));
     #[cfg(not(feature = "metrics"))]
     let _ = (RECORDS, in_progress, completed, tombstones);
 }

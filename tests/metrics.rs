@@ -1,7 +1,9 @@
 //! The store's metrics, read through a `metrics` recorder after a known workload, against the
 //! workload's real side effects: rows written, the store's own stats.
 //!
-//! One test in this binary: the recorder is process-global.
+//! One test in this binary: the recorder is process-global. It runs the local store's whole
+//! workload, then (features `testing` and `tokio`) one workload through the protocol trait on
+//! every backend, which must count the same.
 
 #[path = "suite/common/mod.rs"]
 mod common;
@@ -162,5 +164,130 @@ fn metrics_count_what_the_workload_did() -> TestResult {
     );
     // (A snapshot drains counters: the unlabelled series saw no new claim.)
     assert_eq!(m.get("idemstore_begin_total{outcome=claimed}"), Some(&0.0));
+
+    #[cfg(all(feature = "testing", feature = "tokio"))]
+    every_backend::counts_the_same(&snapshotter)?;
     Ok(())
+}
+
+/// The events both backends count through one rule: the same workload, through the protocol
+/// trait, gives the same metrics on the local store and on PostgreSQL.
+#[cfg(all(feature = "testing", feature = "tokio"))]
+mod every_backend {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use idemstore::testing::conformance::{Harness, Settings};
+    use idemstore::{Begin, BoxError, ManualClock, Protocol, ProtocolClaim, Response, Scope};
+    use metrics_util::debugging::Snapshotter;
+
+    use super::{TestResult, fp, snapshot};
+
+    pub(super) fn counts_the_same(snapshotter: &Snapshotter) -> TestResult {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let counted: Result<(), BoxError> = runtime.block_on(async {
+            let local = idemstore::testing::conformance::Local::new(idemstore::Durability::Wal);
+            let on_local = workload(&local, snapshotter).await?;
+            let begins = [
+                ("claimed", 4.0),
+                ("recovered", 1.0),
+                ("replay", 1.0),
+                ("in_progress", 1.0),
+                ("mismatch", 1.0),
+            ];
+            let expected: BTreeMap<String, f64> = begins
+                .iter()
+                .flat_map(|(outcome, n)| {
+                    [
+                        (format!("idemstore_begin_total{{outcome={outcome}}}"), *n),
+                        (
+                            format!("idemstore_begin_duration_seconds{{outcome={outcome}}}"),
+                            *n,
+                        ),
+                    ]
+                })
+                .chain(
+                    [
+                        ("idemstore_commits_total", 3.0),
+                        ("idemstore_commit_duration_seconds", 3.0),
+                        ("idemstore_releases_total", 1.0),
+                        ("idemstore_stale_claim_refusals_total", 1.0),
+                        ("idemstore_records{state=completed}", 3.0),
+                        ("idemstore_records{state=in_progress}", 0.0),
+                    ]
+                    .map(|(k, v)| (k.to_owned(), v)),
+                )
+                .collect();
+            assert_eq!(on_local, expected, "local");
+            #[cfg(feature = "postgres")]
+            {
+                let pg = idemstore::testing::postgres::Postgres::new();
+                assert_eq!(workload(&pg, snapshotter).await?, expected, "postgres");
+            }
+            Ok(())
+        });
+        counted.map_err(|e| -> Box<dyn std::error::Error> { e })
+    }
+
+    /// Three claims completed (one of them after a take-over, whose first holder is then
+    /// refused), a replay, an answer "in progress", a mismatch and a release; then the stats,
+    /// which set the gauges. Returns the metrics every backend emits.
+    async fn workload<H: Harness>(
+        harness: &H,
+        snapshotter: &Snapshotter,
+    ) -> Result<BTreeMap<String, f64>, BoxError> {
+        let clock = ManualClock::new(idemstore::Timestamp::from_millis(1_000_000));
+        let mut settings = Settings::default();
+        settings.lease = Duration::from_secs(30);
+        let store = harness.open(settings, clock.clone()).await?;
+        let _ = snapshot(snapshotter); // from here on, this workload's counts only
+        let scope = |key: &str| Scope::new("acct", "pay", key);
+        let claimed = |answer: Begin<_>| match answer {
+            Begin::Claimed(claim) | Begin::Recovered(claim) => Ok(claim),
+            _ => Err::<<H::Backend as Protocol>::Claim, BoxError>("not claimed".into()),
+        };
+        for key in ["a", "b"] {
+            let claim = claimed(store.begin(&scope(key)?, fp(key)).await?)?;
+            claim.complete(Response::new(201, key)).await?;
+        }
+        assert!(matches!(
+            store.begin(&scope("a")?, fp("a")).await?,
+            Begin::Replay(_)
+        ));
+        let held = claimed(store.begin(&scope("c")?, fp("c")).await?)?;
+        assert!(matches!(
+            store.begin(&scope("c")?, fp("c")).await?,
+            Begin::InProgress { .. }
+        ));
+        assert!(matches!(
+            store.begin(&scope("c")?, fp("other")).await?,
+            Begin::Mismatch
+        ));
+        clock.advance(Duration::from_secs(31));
+        let taken = claimed(store.begin(&scope("c")?, fp("c")).await?)?;
+        assert!(held.release().await.is_err(), "the first holder is stale");
+        taken.complete(Response::new(201, "c")).await?;
+        let released = claimed(store.begin(&scope("d")?, fp("d")).await?)?;
+        released.release().await?;
+        store.stats().await?;
+        let m = snapshot(snapshotter);
+        let shared = |name: &String| {
+            name.starts_with("idemstore_begin_")
+                || name.starts_with("idemstore_commit")
+                || name.starts_with("idemstore_releases")
+                || name.starts_with("idemstore_stale")
+                || name.starts_with("idemstore_records{state=completed")
+                || name.starts_with("idemstore_records{state=in_progress")
+        };
+        // A snapshot drains: a series this workload did not touch reads 0 and is left out,
+        // except the gauges, which hold their value.
+        Ok(m.into_iter()
+            .filter(|(name, value)| {
+                shared(name) && (*value != 0.0 || name.starts_with("idemstore_records"))
+            })
+            .collect())
+    }
 }

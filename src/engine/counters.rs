@@ -32,11 +32,9 @@ pub(crate) struct Counters {
     pub(crate) last_checkpoint_ms: AtomicU64,
     /// Log bytes written since the last checkpoint, as of the last epoch.
     pub(crate) log_since_checkpoint: AtomicU64,
-    /// `begin` answers, stale refusals, evictions: counted as on every backend.
+    /// `begin` answers, commits, releases, stale refusals, evictions: counted (and sent to
+    /// the metrics facade) as on every backend.
     pub(crate) outcomes: Outcomes,
-    /// Commits and releases acknowledged (durable).
-    pub(crate) commits: AtomicU64,
-    pub(crate) releases: AtomicU64,
 }
 
 impl Default for Counters {
@@ -54,8 +52,6 @@ impl Default for Counters {
             last_checkpoint_ms: AtomicU64::default(),
             log_since_checkpoint: AtomicU64::default(),
             outcomes: Outcomes::default(),
-            commits: AtomicU64::default(),
-            releases: AtomicU64::default(),
         }
     }
 }
@@ -69,8 +65,7 @@ impl Counters {
         tenant: Option<&str>,
         took: std::time::Duration,
     ) {
-        metrics::begin(answer.outcome(), tenant, took);
-        self.outcomes.answered(answer);
+        self.outcomes.answered(answer, tenant, took);
     }
 
     /// Fills in a [`Stats`]'s counters kept since open.
@@ -99,28 +94,22 @@ impl Counters {
 
     /// Counts an acknowledged commit that took `took`.
     pub(crate) fn committed(&self, took: std::time::Duration) {
-        Self::add(&self.commits, 1);
-        metrics::count(metrics::COMMITS, 1);
-        metrics::seconds(metrics::COMMIT_SECONDS, took);
+        self.outcomes.committed(took);
     }
 
     /// Counts an acknowledged release.
     pub(crate) fn released(&self) {
-        Self::add(&self.releases, 1);
-        metrics::count(metrics::RELEASES, 1);
+        self.outcomes.released();
     }
 
     /// Counts a refusal of a stale claim.
     pub(crate) fn stale(&self) {
         self.outcomes.stale();
-        metrics::count(metrics::STALE, 1);
     }
 
     /// Counts what an eviction pass removed.
     pub(crate) fn evicted(&self, records: u64, tombstones: u64) {
         self.outcomes.evicted(records, tombstones);
-        metrics::count(metrics::EVICTED, records);
-        metrics::count(metrics::TOMBSTONES_REMOVED, tombstones);
     }
 
     /// Counts an in-place recovery.

@@ -139,10 +139,11 @@ impl Engine {
         c.fill(&mut stats);
         // The gauges are set here, where they are computed: an exporter's scrape that calls
         // `Store::stats` first (the edge service's /metrics does) reads them fresh.
-        crate::metrics::records(stats.in_progress, stats.completed, stats.tombstones);
-        crate::metrics::gauge(
-            crate::metrics::OLDEST_IN_PROGRESS,
-            stats.oldest_in_progress.map_or(0.0, |d| d.as_secs_f64()),
+        crate::metrics::records(
+            stats.in_progress,
+            stats.completed,
+            stats.tombstones,
+            stats.oldest_in_progress,
         );
         if let Ok(bytes) = self.storage.db_len() {
             crate::metrics::gauge(crate::metrics::FILE_BYTES, bytes as f64);

@@ -1,9 +1,13 @@
-//! The counters every backend keeps the same way: what `begin` answered, the stale claims it
-//! refused, what eviction removed. Each backend's stats read them with [`Outcomes::fill`];
-//! the local store adds its log and writer counters (and metrics) around them.
+//! The events every backend counts the same way: what `begin` answered, the stale claims
+//! refused, what eviction removed (kept for `stats`), and the commits and releases
+//! acknowledged (metrics only). Each is counted and sent to the `metrics` facade here, once
+//! for both backends; each backend's stats read the counts with [`Outcomes::fill`], and the
+//! local store adds its log and writer counters around them.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
+use crate::metrics;
 use crate::model::begin::Begin;
 use crate::model::stats::Stats;
 
@@ -28,8 +32,10 @@ fn add(counter: &AtomicU64, n: u64) {
 }
 
 impl Outcomes {
-    /// Counts a `begin` answer.
-    pub(crate) fn answered<C>(&self, answer: &Begin<C>) {
+    /// Counts a `begin` answer that took `took` (from the call to the answer); `tenant` only
+    /// where the user opted in to the label.
+    pub(crate) fn answered<C>(&self, answer: &Begin<C>, tenant: Option<&str>, took: Duration) {
+        metrics::begin(answer.outcome(), tenant, took);
         add(
             match answer {
                 Begin::Claimed(_) => &self.claims,
@@ -43,15 +49,29 @@ impl Outcomes {
         );
     }
 
+    /// Counts an acknowledged (durable) commit that took `took`.
+    pub(crate) fn committed(&self, took: Duration) {
+        metrics::count(metrics::COMMITS, 1);
+        metrics::seconds(metrics::COMMIT_SECONDS, took);
+    }
+
+    /// Counts an acknowledged release.
+    pub(crate) fn released(&self) {
+        metrics::count(metrics::RELEASES, 1);
+    }
+
     /// Counts a refusal of a stale claim.
     pub(crate) fn stale(&self) {
         add(&self.stale, 1);
+        metrics::count(metrics::STALE, 1);
     }
 
     /// Counts what an eviction pass removed.
     pub(crate) fn evicted(&self, records: u64, tombstones: u64) {
         add(&self.evicted, records);
         add(&self.tombstones_removed, tombstones);
+        metrics::count(metrics::EVICTED, records);
+        metrics::count(metrics::TOMBSTONES_REMOVED, tombstones);
     }
 
     /// Fills in a [`Stats`]'s outcome counters.

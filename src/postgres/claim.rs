@@ -215,6 +215,7 @@ impl PgClaim {
                 claim: Box::new(self),
             });
         }
+        let started = std::time::Instant::now();
         let limit = self.store.call_limit();
         let done = tokio::time::timeout(
             limit,
@@ -223,7 +224,7 @@ impl PgClaim {
         .await;
         match done {
             Ok(Ok(Some(row))) => {
-                self.completed(&row);
+                self.completed(&row, started);
                 Ok(response)
             }
             Ok(Ok(None)) => Err(CommitError::Stale(self.stale().await?)),
@@ -239,9 +240,11 @@ impl PgClaim {
         }
     }
 
-    /// Adds this claim's time from claim to completion (`row`, a completion statement's
-    /// answer) to its operation's pace. Call only once the completion is committed.
-    pub(crate) fn completed(&self, row: &PgRow) {
+    /// Counts the commit that began at `started`, and adds this claim's time from claim to
+    /// completion (`row`, a completion statement's answer) to its operation's pace. Call only
+    /// once the completion is committed.
+    pub(crate) fn completed(&self, row: &PgRow, started: std::time::Instant) {
+        self.store.inner.counters.committed(started.elapsed());
         match row.try_get::<i64, _>("completed_ms") {
             Ok(completed) => self.store.inner.pace.completed(
                 self.scope.operation(),
@@ -266,7 +269,10 @@ impl PgClaim {
         )
         .await?;
         match gone {
-            Some(_) => Ok(()),
+            Some(_) => {
+                inner.counters.released();
+                Ok(())
+            }
             None => Err(ClaimError::Stale(self.stale().await?)),
         }
     }

@@ -257,6 +257,7 @@ impl PgStore {
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
+        let started = std::time::Instant::now();
         let inner = &self.inner;
         let (config, limit) = (&inner.config, self.call_limit());
         let tombstone_ms = duration_i64(config.tombstone_ttl);
@@ -282,7 +283,7 @@ impl PgStore {
                 } else {
                     Begin::Recovered(claim)
                 };
-                inner.counters.answered(&answer);
+                inner.counters.answered(&answer, None, started.elapsed());
                 return Ok(answer);
             }
             let found = timed(
@@ -302,7 +303,7 @@ impl PgStore {
             let decided = decide(Some(&record), &fingerprint, now, config.tombstone_ttl);
             // `None`: the record became claimable between the two statements.
             if let Some(answer) = Begin::without_writing(decided, &inner.pace, scope.operation()) {
-                inner.counters.answered(&answer);
+                inner.counters.answered(&answer, None, started.elapsed());
                 return Ok(answer);
             }
         }
@@ -428,6 +429,14 @@ impl PgStore {
             ..Stats::default()
         };
         self.inner.counters.fill(&mut stats);
+        // Set where they are counted, as on the local store: a scrape that asks for the stats
+        // first (the edge service's /metrics does) reads them fresh.
+        crate::metrics::records(
+            stats.in_progress,
+            stats.completed,
+            stats.tombstones,
+            stats.oldest_in_progress,
+        );
         Ok(stats)
     }
 

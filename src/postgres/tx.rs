@@ -107,6 +107,7 @@ impl PgTx {
     ///   in its transaction, holding the record's lock, until the server ends it: within
     ///   about a lease (see [`PgBuilder`](crate::PgBuilder), "Time limits").
     pub async fn commit(mut self, response: Response) -> Result<Response, CommitError<PgClaim>> {
+        let started = std::time::Instant::now();
         let store = self.claim.store.clone();
         let limit = store.call_limit();
         if let Err(source) = response.validate(store.inner.config.max_response_bytes) {
@@ -143,7 +144,7 @@ impl PgTx {
         };
         match tokio::time::timeout(limit, self.tx.commit()).await {
             Ok(Ok(())) => {
-                self.claim.completed(&done);
+                self.claim.completed(&done, started);
                 Ok(response)
             }
             Ok(Err(e)) => Err(CommitError::Store(commit_failed(&e))),
