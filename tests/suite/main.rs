@@ -13,7 +13,7 @@ mod common;
 /// The edge service example, loaded once for the tests that run it as a child process.
 #[cfg(feature = "http")]
 #[allow(dead_code, unreachable_pub)]
-#[path = "../../examples/edge_service/main.rs"]
+#[path = "../../examples/edge-service/src/main.rs"]
 mod edge_service;
 
 #[cfg(feature = "tokio")]

@@ -4,7 +4,8 @@
 //! processor call and the commit is recovered by the other (attempt 2) without a second
 //! charge. Both instances share the simulated processor's ledger, whose lines are the side
 //! effects counted here. With a relay in each (`--nats`), a kill of one leaves exactly one
-//! JetStream event per charge committed in PostgreSQL.
+//! JetStream event per charge committed in PostgreSQL. `/stats` and `/metrics` answer in the
+//! same shape as on the local store.
 //!
 //! The children are this test binary re-executed to run only [`service_process`], as in
 //! `tests/http_service.rs`. Lease expiry is driven by the surviving instance's manual clock
@@ -360,5 +361,88 @@ fn two_relays_and_a_kill_leave_one_event_per_charge_in_the_stream() -> TestResul
         committed.len()
     );
     rt.block_on(js.delete_stream(&stream))?;
+    Ok(())
+}
+
+/// The keys of a JSON value, recursively (`a`, `a.b`, ...): its shape, without the values.
+fn shape(value: &Value, path: &str, out: &mut std::collections::BTreeSet<String>) {
+    if let Value::Object(fields) = value {
+        for (name, field) in fields {
+            let path = if path.is_empty() {
+                name.clone()
+            } else {
+                format!("{path}.{name}")
+            };
+            shape(field, &path, out);
+            out.insert(path);
+        }
+    }
+}
+
+/// `GET path` with `auth`, as JSON, or the body as text.
+fn get(service: &Service, path: &str, auth: &str) -> Result<(u16, String), ureq::Error> {
+    let mut response = service
+        .agent
+        .get(format!("{}{path}", service.base))
+        .header("authorization", auth)
+        .call()?;
+    Ok((
+        response.status().as_u16(),
+        response.body_mut().read_to_string()?,
+    ))
+}
+
+/// The same service on either backend answers `/stats` in one shape, for a tenant and for the
+/// operator, and serves the store's metrics on `/metrics`, counted from the same events.
+#[test]
+fn stats_and_metrics_have_one_shape_on_both_backends() -> TestResult {
+    let shared = Shared::new()?;
+    let operator = [("EDGE_ADMIN_TOKEN", "sk_test_operator")];
+    let on_pg = shared.start("pg", &operator)?;
+    let local_data = shared.dir.path().join("local");
+    let on_local = Service::start(
+        &crate::child_test!("service_process"),
+        &local_data,
+        &[("EDGE_LATENCY_MS", "20"), operator[0]],
+    )?;
+    let mut shapes = Vec::new();
+    for (service, backend) in [(&on_pg, "postgres"), (&on_local, "local")] {
+        assert_eq!(
+            charge(service, "order-shape-1", &charge_body(700))?.status,
+            201
+        );
+        assert!(charge(service, "order-shape-1", &charge_body(700))?.replayed);
+        let (status, tenant) = get(service, "/stats", ALICE)?;
+        assert_eq!(status, 200, "{tenant}");
+        let tenant: Value = serde_json::from_str(&tenant)?;
+        assert_eq!(tenant["backend"], backend, "{tenant}");
+        assert_eq!(tenant["charges"], 1, "{backend}: {tenant}");
+        assert_eq!(tenant["health"]["writable"], true, "{backend}: {tenant}");
+        let (status, all) = get(service, "/stats", "Bearer sk_test_operator")?;
+        assert_eq!(status, 200, "{all}");
+        let all: Value = serde_json::from_str(&all)?;
+        assert_eq!(all["store"]["claims"], 1, "{backend}: {all}");
+        assert_eq!(all["store"]["replays"], 1, "{backend}: {all}");
+        let (mut of_tenant, mut of_all) = Default::default();
+        shape(&tenant, "", &mut of_tenant);
+        shape(&all, "", &mut of_all);
+        shapes.push((backend, of_tenant, of_all));
+
+        let (status, page) = get(service, "/metrics", "")?;
+        assert_eq!(status, 200, "{backend}: {page}");
+        for line in [
+            "idemstore_begin_total{outcome=\"claimed\"} 1",
+            "idemstore_begin_total{outcome=\"replay\"} 1",
+            "idemstore_commits_total 1",
+            "idemstore_records{state=\"completed\"} 1",
+        ] {
+            assert!(
+                page.lines().any(|l| l == line),
+                "{backend}: no `{line}` in\n{page}"
+            );
+        }
+    }
+    assert_eq!(shapes[0].1, shapes[1].1, "a tenant's view");
+    assert_eq!(shapes[0].2, shapes[1].2, "the operator's view");
     Ok(())
 }

@@ -13,7 +13,7 @@
 use crate::common;
 
 use crate::edge_service;
-#[path = "../../examples/ledger_consumer/main.rs"]
+#[path = "../../examples/edge-service/src/bin/ledger-consumer/main.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod ledger_consumer;
 

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -14,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
 use super::processor::{Outcome, ProcessorCharge};
+use super::stats::{self, Backend, Viewer};
 use super::{App, problem};
 
 /// The event every recorded charge publishes (its payload: the charge as JSON).
@@ -282,88 +282,18 @@ pub(crate) async fn show(
     }
 }
 
-/// What the caller may see: its own charges and side effects, and the store's health. The
-/// operator (the admin token) also gets the store's counters across tenants.
+/// `GET /stats` (see `stats`).
 pub(crate) async fn stats(
     State(app): State<App>,
     Extension(caller): Extension<Caller>,
 ) -> Response {
+    let viewer = Viewer::of(&caller, |tenant| count_charges(&app, tenant)).await;
     let store = app.store.clone();
     let stats = match tokio::task::spawn_blocking(move || store.stats()).await {
-        Ok(Ok(stats)) => stats,
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "stats failed");
-            return problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                "the store's statistics cannot be read right now; try again shortly",
-            )
-            .into_response();
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "stats failed");
-            return problem(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "stats-failed",
-                "the statistics could not be gathered",
-            )
-            .into_response();
-        }
+        Ok(stats) => stats.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
     };
-    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
-    let health = serde_json::json!({
-        "writable": stats.poisoned.is_none(),
-        "restores": stats.restores,
-        "since_checkpoint_secs": secs(stats.since_checkpoint),
-    });
-    if let Caller::Tenant(tenant) = caller {
-        let charges = match count_charges(&app, &tenant).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::error!(error = %e, "reading the charges failed");
-                return problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "the charges cannot be read right now; try again shortly",
-                )
-                .into_response();
-            }
-        };
-        return Json(serde_json::json!({
-            "tenant": tenant,
-            "charges": charges,
-            "processor": { "side_effects": app.processor.side_effects_of(&tenant) },
-            "health": health,
-        }))
-        .into_response();
-    }
-    Json(serde_json::json!({
-        "processor": {
-            "side_effects": app.processor.side_effects(),
-            "charge_calls": app.processor.calls().0,
-            "lookups": app.processor.calls().1,
-        },
-        "health": health,
-        "store": {
-            "in_progress": stats.in_progress,
-            "completed": stats.completed,
-            "tombstones": stats.tombstones,
-            "oldest_in_progress_secs": secs(stats.oldest_in_progress),
-            "outbox_pending": stats.outbox_pending,
-            "oldest_pending_message_secs": secs(stats.oldest_pending_message),
-            "dead_letters": stats.dead_letters,
-            "log_bytes_since_checkpoint": stats.log_bytes_since_checkpoint,
-            "claims": stats.claims,
-            "recoveries": stats.recoveries,
-            "replays": stats.replays,
-            "in_progress_answers": stats.in_progress_answers,
-            "mismatches": stats.mismatches,
-            "stale_rejections": stats.stale_rejections,
-            "groups_committed": stats.groups_committed,
-            "writer_requests": stats.writer_requests,
-        },
-    }))
-    .into_response()
+    stats::answer(Backend::Local, viewer, stats, &app.processor)
 }
 
 /// The caller's charge rows (keys `tenant/...`).

@@ -1,10 +1,10 @@
 //! A ledger fed by the edge service's `charges.created` events, each applied exactly once.
 //!
-//! `cargo run --release --example ledger_consumer` pulls from the JetStream stream `CHARGES`
+//! `cargo run --release -p edge-service --bin ledger-consumer` pulls from the JetStream stream `CHARGES`
 //! through a durable consumer `ledger`, applies every event to a ledger in its own embedded
 //! store (`./ledger-data`) through the inbox ([`Store::consume`](idemstore::Store::consume)),
 //! acks after the commit, and serves the totals on `GET http://127.0.0.1:3001/totals`. Run
-//! the edge service with `--features nats -- --nats nats://127.0.0.1:4222` beside it.
+//! the edge service with `-- --nats nats://127.0.0.1:4222` beside it.
 //!
 //! Settings (flag or environment variable):
 //!

@@ -10,14 +10,16 @@ use axum::extract::{Extension, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router, middleware};
+use axum::{Router, middleware};
 use idemstore::http::{IdempotencyLayer, IdempotentRequest, KeyPolicy, Tenant};
 use idemstore::sqlx::{self, Row};
 use idemstore::{BoxError, Completer, CompleterTask, PgClaim, PgStore, Protocol, ProtocolClaim};
 
 use super::auth::{self, Caller};
 use super::charges::{self, Charging, Recorded};
+use super::metrics;
 use super::processor::Processor;
+use super::stats::{self, Backend, Viewer};
 use super::{Hooks, problem};
 
 /// What the handlers share.
@@ -78,7 +80,12 @@ fn charges_table() -> String {
     )
 }
 
-pub(crate) fn router(app: PgApp, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
+pub(crate) fn router(
+    app: PgApp,
+    tokens: Arc<auth::Tokens>,
+    wait: Duration,
+    exporter: metrics::Exporter,
+) -> Router {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
         .max_body(16 * 1024)
@@ -89,7 +96,17 @@ pub(crate) fn router(app: PgApp, tokens: Arc<auth::Tokens>, wait: Duration) -> R
         .route_layer(idempotency)
         .route("/stats", get(stats))
         .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
-    Router::new().merge(api).with_state(app)
+    let store = app.store.clone();
+    let refresh = move || {
+        let store = store.clone();
+        // The exact count (one scan of the records table) is what sets the gauges here: at a
+        // scrape's pace (seconds), not per request.
+        async move { store.stats().await.map(drop).map_err(|e| e.to_string()) }
+    };
+    Router::new()
+        .merge(api)
+        .with_state(app)
+        .merge(metrics::route(exporter, refresh))
 }
 
 /// The completer of abandoned charges, as on the local store.
@@ -191,43 +208,24 @@ async fn show(
     }
 }
 
-/// `GET /stats`: the store's counters (this instance's) and the processor's side effects.
+/// `GET /stats` (see `stats`): the same shape as on the local store. The counters are this
+/// instance's; the records, charges and side effects are everyone's.
 async fn stats(State(app): State<PgApp>, Extension(caller): Extension<Caller>) -> Response {
-    let stats = match app.store.stats().await {
-        Ok(stats) => stats,
-        Err(e) => {
-            return problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "store-unavailable",
-                &e.to_string(),
-            );
-        }
-    };
-    if let Caller::Tenant(tenant) = caller {
-        return Json(serde_json::json!({
-            "tenant": tenant,
-            "processor": { "side_effects": app.processor.side_effects_of(&tenant) },
-        }))
-        .into_response();
-    }
-    Json(serde_json::json!({
-        "processor": {
-            "side_effects": app.processor.side_effects(),
-            "charge_calls": app.processor.calls().0,
-            "lookups": app.processor.calls().1,
-        },
-        "store": {
-            "in_progress": stats.in_progress,
-            "completed": stats.completed,
-            "claims": stats.claims,
-            "recoveries": stats.recoveries,
-            "replays": stats.replays,
-            "in_progress_answers": stats.in_progress_answers,
-            "stale_rejections": stats.stale_rejections,
-            "outbox_pending": stats.outbox_pending,
-            "oldest_pending_message_secs": stats.oldest_pending_message.map(|d| d.as_secs_f64()),
-            "dead_letters": stats.dead_letters,
-        },
-    }))
-    .into_response()
+    let viewer = Viewer::of(&caller, |tenant| count_charges(&app, tenant)).await;
+    let stats = app.store.stats().await.map_err(|e| e.to_string());
+    stats::answer(Backend::Postgres, viewer, stats, &app.processor)
+}
+
+/// The caller's charge rows (ids `tenant/...`).
+async fn count_charges(app: &PgApp, tenant: &str) -> Result<u64, String> {
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE starts_with(id, $1)",
+        charges_table()
+    )))
+    .bind(format!("{tenant}/"))
+    .fetch_one(app.store.pool())
+    .await
+    .map_err(|e| e.to_string())?;
+    let n: i64 = row.try_get(0).map_err(|e| e.to_string())?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }

@@ -1,8 +1,8 @@
 //! An edge service that takes payments safely under retries: the README's main command.
 //!
-//! `cargo run --release --example edge_service` serves on 127.0.0.1:3000 with its data in
-//! `./idemstore-data` (the store in `edge_service/`, the simulated processor's ledger beside
-//! it). `POST /charges` calls a payment processor that sometimes times out, then commits the
+//! `cargo run --release -p edge-service` serves on 127.0.0.1:3000 with its data in
+//! `./idemstore-data` (the store in `./idemstore-data/edge_service`, the simulated
+//! processor's ledger beside it). `POST /charges` calls a payment processor that sometimes times out, then commits the
 //! charge row and the response in one transaction; retries with the same `Idempotency-Key`
 //! are replayed, refused or answered 409, never charged twice. See the README for curl.
 //!
@@ -26,8 +26,8 @@
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
 //! | `--pg-url` | `EDGE_PG_URL` | `postgres://postgres@127.0.0.1:5432/test` (with `--backend postgres`; tables prefixed `EDGE_PG_PREFIX`, default `edge_`; pool `EDGE_PG_POOL`, default 16 connections) |
 //!
-//! `GET /metrics` serves the store's metrics in Prometheus text format (run with `--features
-//! metrics` for the store to emit them; the table is in the README, "Operating it").
+//! `GET /metrics` serves the store's metrics in Prometheus text format on either backend (see
+//! `metrics`); `GET /stats` has one shape on both (see `stats`).
 //!
 //! Test hooks, for the tests that kill this process: `EDGE_MANUAL_CLOCK=1` runs the store on
 //! a manual clock advanced by `POST /_test/clock?advance_secs=N`; `EDGE_PAUSE_AFTER_CHARGE=1`
@@ -35,9 +35,11 @@
 
 mod auth;
 mod charges;
+mod metrics;
 #[cfg(feature = "postgres")]
 mod pg;
 mod processor;
+mod stats;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,9 +67,6 @@ struct Hooks {
 #[derive(Clone)]
 struct App {
     store: Store,
-    /// The Prometheus recorder's handle, to render `/metrics`; `None` if another recorder
-    /// was installed first (in a test process, say).
-    metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
     processor: Processor,
     lease: Duration,
     hooks: Hooks,
@@ -139,29 +138,6 @@ async fn advance_clock(State(hooks): State<Hooks>, Query(q): Query<Advance>) -> 
     }
 }
 
-/// `GET /metrics`: the store's metrics in Prometheus text format (README, "Operating it").
-/// Outside the authentication layer, as scrapers expect: no label holds a tenant or a key, so
-/// it shows volumes and health, never whose requests; serve it on an internal address only.
-/// The store's counters need the `metrics` feature; without it the page is empty.
-async fn metrics(State(app): State<App>) -> Response {
-    let Some(handle) = &app.metrics else {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "no-metrics",
-            "another metrics recorder was installed in this process",
-        );
-    };
-    // Store::stats sets the gauges (records by state, oldest in progress, file size).
-    if let Err(e) = app.store.stats() {
-        tracing::warn!(error = %e, "stats for /metrics failed");
-    }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        handle.render(),
-    )
-        .into_response()
-}
-
 /// The test hooks' routes, on every backend.
 fn test_routes(hooks: Hooks) -> Router {
     Router::new()
@@ -169,7 +145,12 @@ fn test_routes(hooks: Hooks) -> Router {
         .with_state(hooks)
 }
 
-fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
+fn router(
+    app: App,
+    tokens: Arc<auth::Tokens>,
+    wait: Duration,
+    exporter: metrics::Exporter,
+) -> Router {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
         .max_body(16 * 1024)
@@ -183,10 +164,21 @@ fn router(app: App, tokens: Arc<auth::Tokens>, wait: Duration) -> Router {
         // Outside: a request it refuses never reaches the store.
         .layer(middleware::from_fn_with_state(tokens, auth::authenticate));
     let hooks = app.hooks.clone();
+    let store = app.store.clone();
+    let refresh = move || {
+        let store = store.clone();
+        async move {
+            // Store::stats (not the exact count) sets the gauges: cheap enough for every scrape.
+            match tokio::task::spawn_blocking(move || store.stats()).await {
+                Ok(stats) => stats.map(drop).map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            }
+        }
+    };
     Router::new()
         .merge(api)
-        .route("/metrics", get(metrics))
         .with_state(app)
+        .merge(metrics::route(exporter, refresh))
         .merge(test_routes(hooks))
 }
 
@@ -196,11 +188,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .with_max_level(tracing::Level::INFO)
         .init();
-    // Before the store opens, so that nothing it counts is lost.
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .inspect_err(|e| tracing::warn!(error = %e, "no /metrics"))
-        .ok();
+    let exporter = metrics::install();
     let args: Vec<String> = std::env::args().collect();
     let addr: SocketAddr = parsed(&args, "--addr", "EDGE_ADDR", "127.0.0.1:3000")?;
     let data = PathBuf::from(setting(&args, "--data", "EDGE_DATA", "idemstore-data"));
@@ -265,7 +253,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "claims and charges in PostgreSQL ({})",
                 app.store.records_table()
             );
-            let router = pg::router(app, tokens, wait).merge(test_routes(hooks));
+            let router = pg::router(app, tokens, wait, exporter).merge(test_routes(hooks));
             axum::serve(listener, router)
                 .with_graceful_shutdown(async {
                     let _ = tokio::signal::ctrl_c().await;
@@ -280,7 +268,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if cfg!(feature = "postgres") {
                     ", postgres"
                 } else {
-                    "; postgres needs feature postgres"
+                    "; postgres needs the edge service's feature postgres, on by default"
                 }
             )
             .into());
@@ -299,7 +287,6 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let replayed = store.recovery_report().frames_replayed;
     let app = App {
         store: store.clone(),
-        metrics,
         processor,
         lease,
         hooks,
@@ -326,7 +313,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "data in {} ({replayed} log frames replayed at open)",
         data.display()
     );
-    axum::serve(listener, router(app, tokens, wait))
+    axum::serve(listener, router(app, tokens, wait, exporter))
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
@@ -396,5 +383,5 @@ async fn start_relay<B>(store: &B, url: &str) -> Result<Option<()>, Box<dyn std:
     if url.is_empty() {
         return Ok(None);
     }
-    Err("--nats needs the example built with feature nats: cargo run --release --example edge_service --features nats -- --nats URL".into())
+    Err("--nats needs the edge service built with its feature nats (on by default: cargo run --release -p edge-service -- --nats URL)".into())
 }

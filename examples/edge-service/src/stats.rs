@@ -1,0 +1,139 @@
+//! `GET /stats`, one shape on both backends: what a tenant may see (its charges, its side
+//! effects, the store's health) and what the operator sees (every tenant's side effects and
+//! the store's counters). A field one backend does not have is there with 0 or null, so a
+//! dashboard reads both the same way; `backend` says which one answered.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use idemstore::Stats;
+use serde_json::{Value, json};
+
+use super::auth::Caller;
+use super::problem;
+use super::processor::Processor;
+
+/// Which store answers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Backend {
+    Local,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Local => "local",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// Who asks, with what only a tenant's view needs: its charge rows, counted by the backend.
+pub(crate) enum Viewer<'a> {
+    Tenant {
+        tenant: &'a str,
+        charges: Result<u64, String>,
+    },
+    Operator,
+}
+
+impl<'a> Viewer<'a> {
+    /// The viewer for `caller`; `count` (a tenant's charges) runs only for a tenant.
+    pub(crate) async fn of<F, Fut>(caller: &'a Caller, count: F) -> Viewer<'a>
+    where
+        F: FnOnce(&'a str) -> Fut,
+        Fut: std::future::Future<Output = Result<u64, String>>,
+    {
+        match caller {
+            Caller::Tenant(tenant) => Viewer::Tenant {
+                tenant,
+                charges: count(tenant).await,
+            },
+            Caller::Operator => Viewer::Operator,
+        }
+    }
+}
+
+/// What `/stats` answers, from the store's stats.
+pub(crate) fn answer(
+    backend: Backend,
+    viewer: Viewer<'_>,
+    stats: Result<Stats, String>,
+    processor: &Processor,
+) -> Response {
+    let stats = match stats {
+        Ok(stats) => stats,
+        Err(e) => {
+            tracing::error!(error = %e, "stats failed");
+            return unavailable(
+                "the store's statistics cannot be read right now; try again shortly",
+            );
+        }
+    };
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    let health = json!({
+        "writable": stats.poisoned.is_none(),
+        "restores": stats.restores,
+        "since_checkpoint_secs": secs(stats.since_checkpoint),
+    });
+    if let Viewer::Tenant { tenant, charges } = viewer {
+        let charges = match charges {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(error = %e, "reading the charges failed");
+                return unavailable("the charges cannot be read right now; try again shortly");
+            }
+        };
+        return Json(json!({
+            "backend": backend.name(),
+            "tenant": tenant,
+            "charges": charges,
+            "processor": { "side_effects": processor.side_effects_of(tenant) },
+            "health": health,
+        }))
+        .into_response();
+    }
+    let (charge_calls, lookups) = processor.calls();
+    Json(json!({
+        "backend": backend.name(),
+        "processor": {
+            "side_effects": processor.side_effects(),
+            "charge_calls": charge_calls,
+            "lookups": lookups,
+        },
+        "health": health,
+        "store": store(&stats),
+    }))
+    .into_response()
+}
+
+/// The store's counters, by the names of [`Stats`]' fields.
+fn store(stats: &Stats) -> Value {
+    let secs = |d: Option<Duration>| d.map(|d| d.as_secs_f64());
+    json!({
+        "in_progress": stats.in_progress,
+        "completed": stats.completed,
+        "tombstones": stats.tombstones,
+        "oldest_in_progress_secs": secs(stats.oldest_in_progress),
+        "outbox_pending": stats.outbox_pending,
+        "oldest_pending_message_secs": secs(stats.oldest_pending_message),
+        "dead_letters": stats.dead_letters,
+        "log_bytes_since_checkpoint": stats.log_bytes_since_checkpoint,
+        "claims": stats.claims,
+        "recoveries": stats.recoveries,
+        "replays": stats.replays,
+        "in_progress_answers": stats.in_progress_answers,
+        "mismatches": stats.mismatches,
+        "stale_rejections": stats.stale_rejections,
+        "groups_committed": stats.groups_committed,
+        "writer_requests": stats.writer_requests,
+    })
+}
+
+fn unavailable(detail: &str) -> Response {
+    problem(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", detail)
+}
