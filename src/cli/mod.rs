@@ -75,12 +75,8 @@ fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Re
         }
         .into());
     }
-    if !dir.join("idemstore.redb").is_file() {
-        return Err(InspectError::NotAStore {
-            path: dir.to_path_buf(),
-            reason: "it has no idemstore.redb".into(),
-        }
-        .into());
+    if !crate::storage::db_file(dir).is_file() {
+        return Err(InspectError::no_database(dir.to_path_buf()).into());
     }
     settings(Store::builder()).open(dir).map_err(|e| match e {
         OpenError::AlreadyOpen { holder, .. } => Fail::from(InspectError::InUse {
