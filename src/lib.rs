@@ -80,7 +80,7 @@
 //!   `storage`, and writes nothing.
 //! - `cli` (feature `cli`): the `idemstore` command-line tool's whole source, over `inspect`
 //!   (read commands) and `api` (`evict`, `compact`); a binary ships the tool by calling
-//!   [`cli::run`](crate::cli::run) from its `main`.
+//!   `cli::run` from its `main`.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
