@@ -78,12 +78,17 @@
 //! - `inspect` (feature `cli`): a store's directory read without opening the store, for the
 //!   `idemstore` command-line tool; it reads through `engine`'s table layout, `wal` and
 //!   `storage`, and writes nothing.
+//! - `cli` (feature `cli`): the `idemstore` command-line tool's whole source, over `inspect`
+//!   (read commands) and `api` (`evict`, `compact`); a binary ships the tool by calling
+//!   `cli::run` from its `main`.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
 #![forbid(unsafe_code)]
 
 mod api;
+#[cfg(feature = "cli")]
+pub mod cli;
 mod engine;
 mod error;
 #[cfg(feature = "http")]

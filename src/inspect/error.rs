@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use super::below;
 use crate::error::{Holder, RecoveryError};
 
 /// A store directory could not be inspected. Nothing was changed on disk.
@@ -15,12 +16,21 @@ pub enum InspectError {
         path: PathBuf,
     },
     /// The directory holds no store, or a file that is not one.
-    #[error("{path} is not an idemstore store: {reason}")]
+    #[error(
+        "{path} is not an idemstore store: {reason}{}",
+        below::hint(stores_below)
+    )]
     NotAStore {
         /// The directory.
         path: PathBuf,
         /// What is missing or wrong.
         reason: String,
+        /// For a directory without a database file: the store directories found in its
+        /// sub-directories (a bounded search, a few levels deep; nearest first), the path the
+        /// caller probably meant; the message names them. At most a few (one more than the
+        /// message lists, to say there are others); empty when there are none, or when the
+        /// directory has a database file that is not a store's.
+        stores_below: Vec<PathBuf>,
     },
     /// The store's directory is locked: a running process has the store open (its lock admits
     /// no reader beside the writer), or, for `evict` and `compact`, which open it for writing,
@@ -94,6 +104,17 @@ fn advice(holder: &Holder) -> &'static str {
 }
 
 impl InspectError {
+    /// `dir` exists but has no database file: not a store, naming the stores below it, if
+    /// any (the read commands and the tool's maintenance commands both refuse it with this).
+    pub(crate) fn no_database(dir: PathBuf) -> InspectError {
+        let stores_below = below::stores_below(&dir);
+        InspectError::NotAStore {
+            path: dir,
+            reason: format!("it has no {}", crate::storage::DB_FILE),
+            stores_below,
+        }
+    }
+
     pub(crate) fn database(path: PathBuf, e: impl std::fmt::Display) -> InspectError {
         InspectError::Database {
             path,

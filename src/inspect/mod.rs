@@ -35,8 +35,10 @@
 //! - `records`: records, listings and the summary;
 //! - `log`: every frame of the log;
 //! - `verify`: the consistency checks;
-//! - `error`: why a directory cannot be inspected.
+//! - `error`: why a directory cannot be inspected;
+//! - `below`: the stores below a directory that is not one, for its error to name.
 
+mod below;
 mod error;
 mod log;
 mod open;

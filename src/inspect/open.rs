@@ -116,10 +116,7 @@ impl Inspector {
         }
         let path = db_file(&dir);
         if !path.is_file() {
-            return Err(InspectError::NotAStore {
-                path: dir,
-                reason: "it has no idemstore.redb".into(),
-            });
+            return Err(InspectError::no_database(dir));
         }
         let lock = SharedLock::acquire(&dir).map_err(|e| match e {
             SharedLockError::Held(holder) => InspectError::InUse {
@@ -140,6 +137,7 @@ impl Inspector {
             return Err(InspectError::NotAStore {
                 path: dir,
                 reason: "idemstore.redb has no idemstore.meta table".into(),
+                stores_below: Vec::new(),
             });
         }
         let format = meta_u64(&txn, &Overlay::new(), META_FORMAT, "format_version", &path)?;
@@ -371,6 +369,7 @@ fn open_db(dir: &Path, path: &Path) -> Result<Db, InspectError> {
     let not_redb = |detail: String| InspectError::NotAStore {
         path: dir.to_path_buf(),
         reason: format!("idemstore.redb is not a readable redb database ({detail})"),
+        stores_below: Vec::new(),
     };
     match ReadOnlyDatabase::open(path) {
         Ok(db) => Ok(Db::ReadOnly(db)),

@@ -735,6 +735,120 @@ fn bad_input_is_one_line_and_exit_2() -> TestResult {
     Ok(())
 }
 
+/// Every command, as run on `dir`: the five that take only a directory, and `get` and `list`.
+fn every_command(dir: &str) -> Vec<Vec<&str>> {
+    let mut commands: Vec<Vec<&str>> = ["stats", "verify", "dump-log", "evict", "compact"]
+        .into_iter()
+        .map(|cmd| vec![cmd, dir])
+        .collect();
+    commands.push(vec![
+        "get",
+        dir,
+        "--tenant",
+        "tenant-a",
+        "--operation",
+        "create_order",
+        "--key",
+        "k1",
+    ]);
+    commands.push(vec!["list", dir, "--state", "completed"]);
+    commands
+}
+
+#[test]
+fn a_directory_above_one_store_names_it_for_every_command() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    // What the edge service leaves: its store one level below the directory it was given.
+    let data = tmp.path().join("idemstore-data");
+    let store_dir = data.join("edge_service");
+    closed_store(&store_dir)?;
+    std::fs::create_dir(data.join("backups"))?; // not a store, searched and passed over
+    std::fs::write(data.join("notes.txt"), b"x")?;
+    for args in every_command(path(&data)) {
+        refused(
+            &args,
+            &[
+                "not an idemstore store",
+                "no idemstore.redb",
+                "the store below it is",
+                path(&store_dir),
+            ],
+        )?;
+    }
+    assert!(
+        !data.join("idemstore.redb").exists(),
+        "evict and compact must not create a store in the directory above"
+    );
+    // The path named is the one to use.
+    let stats = run(&["stats", path(&store_dir)])?;
+    assert_eq!(stats.code, Some(0), "{}", stats.stderr);
+
+    // Given relative, as an operator types it, the path named is relative too.
+    let out = Command::new(env!("CARGO_BIN_EXE_idemstore"))
+        .args(["stats", "idemstore-data"])
+        .current_dir(tmp.path())
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr)?;
+    assert!(
+        stderr.contains("the store below it is idemstore-data/edge_service"),
+        "{stderr}"
+    );
+
+    // Three levels down is still found.
+    let deep_parent = tmp.path().join("deep");
+    let deep = deep_parent.join("a").join("b").join("idem");
+    closed_store(&deep)?;
+    refused(&["stats", path(&deep_parent)], &[path(&deep)])?;
+    Ok(())
+}
+
+#[test]
+fn a_directory_above_two_stores_names_both() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("data");
+    let first = data.join("edge_service");
+    let second = data.join("ledger").join("idem");
+    closed_store(&first)?;
+    closed_store(&second)?;
+    for args in every_command(path(&data)) {
+        refused(
+            &args,
+            &[
+                "not an idemstore store",
+                "stores below it",
+                path(&first),
+                path(&second),
+                "the one you mean",
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
+fn a_directory_with_no_store_below_gets_no_hint() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(data.join("a").join("b"))?;
+    std::fs::write(data.join("a").join("file"), b"x")?;
+    // Four levels down: past the search, so not named.
+    closed_store(&data.join("a").join("b").join("c").join("idem"))?;
+    for args in every_command(path(&data)) {
+        let r = run(&args)?;
+        assert_eq!(r.code, Some(2), "{args:?}: {}", r.stderr);
+        assert_eq!(
+            r.stderr.trim_end(),
+            format!(
+                "idemstore: {} is not an idemstore store: it has no idemstore.redb",
+                path(&data)
+            ),
+            "{args:?}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn evict_removes_expired_records_and_reports() -> TestResult {
     let tmp = tempfile::tempdir()?;

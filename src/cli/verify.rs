@@ -2,18 +2,18 @@
 
 use std::io::Write;
 
+use crate::inspect::{Closed, Inspector, LogDamage};
 use clap::Args;
-use idemstore::inspect::{Closed, Inspector, LogDamage};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format};
 
 /// Arguments of `verify`.
 #[derive(Debug, Args)]
 pub(crate) struct VerifyArgs {
     #[command(flatten)]
-    read: crate::Read,
+    read: super::Read,
 }
 
 pub(crate) fn run(args: &VerifyArgs) -> Result<Outcome, Fail> {

@@ -2,19 +2,19 @@
 
 use std::io::Write;
 
+use crate::inspect::{FrameStatus, InspectError, Inspector, LogDamage, LogFrame, OpKind};
+use crate::{Scope, Timestamp};
 use clap::Args;
-use idemstore::inspect::{FrameStatus, InspectError, Inspector, LogDamage, LogFrame, OpKind};
-use idemstore::{Scope, Timestamp};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format};
 
 /// Arguments of `dump-log`.
 #[derive(Debug, Args)]
 pub(crate) struct DumpLogArgs {
     #[command(flatten)]
-    read: crate::Read,
+    read: super::Read,
     /// Only frames with this sequence number or a later one.
     #[arg(long, default_value_t = 0)]
     from: u64,

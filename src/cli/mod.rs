@@ -1,7 +1,18 @@
-//! `idemstore`: look at an idempotency store's directory, check it, and run its maintenance.
+//! The `idemstore` command-line tool (feature `cli`): look at an idempotency store's
+//! directory, check it, and run its maintenance.
+//!
+//! This module is the tool's whole source. A binary that ships the tool calls [`run`] from its
+//! `main` and returns what it answers, as this package's own `idemstore` binary
+//! (`src/bin/idemstore.rs`) does:
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     idemstore::cli::run()
+//! }
+//! ```
 //!
 //! The read commands (`stats`, `get`, `list`, `verify`, `dump-log`) open the store read-only
-//! through [`idemstore::inspect`] and never change it; `evict` and `compact` open it as a
+//! through [`crate::inspect`] and never change it; `evict` and `compact` open it as a
 //! service would. Exit codes: 0 done (for `verify`: sound), 1 `verify` found problems or `get`
 //! found no record, 2 bad input or a store that cannot be read (one line on stderr).
 
@@ -18,9 +29,9 @@ mod verify;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use crate::inspect::InspectError;
+use crate::{Builder, OpenError, RecoveryError, Store};
 use clap::{Args, Parser, Subcommand};
-use idemstore::inspect::InspectError;
-use idemstore::{Builder, OpenError, RecoveryError, Store};
 
 use fail::{Fail, Outcome};
 
@@ -64,12 +75,8 @@ fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Re
         }
         .into());
     }
-    if !dir.join("idemstore.redb").is_file() {
-        return Err(InspectError::NotAStore {
-            path: dir.to_path_buf(),
-            reason: "it has no idemstore.redb".into(),
-        }
-        .into());
+    if !crate::storage::db_file(dir).is_file() {
+        return Err(InspectError::no_database(dir.to_path_buf()).into());
     }
     settings(Store::builder()).open(dir).map_err(|e| match e {
         OpenError::AlreadyOpen { holder, .. } => Fail::from(InspectError::InUse {
@@ -106,7 +113,14 @@ enum Command {
     Compact(compact::CompactArgs),
 }
 
-fn main() -> ExitCode {
+/// Runs the tool: parses the process's arguments ([`std::env::args`]), runs the command they
+/// name, and answers the exit code the process should end with.
+///
+/// It installs a panic hook first, so that a bug ends in one line on stderr rather than a
+/// backtrace. Usage errors, `--help` and `--version` are clap's: it prints them and exits the
+/// process itself (with 2 for a usage error, 0 for help).
+#[must_use]
+pub fn run() -> ExitCode {
     // A bug must still end in one line, never a backtrace.
     std::panic::set_hook(Box::new(|info| {
         let message = info

@@ -2,13 +2,13 @@
 
 use std::io::Write;
 
+use crate::inspect::{Entry, Filter, Inspector, LogDamage, StateFilter};
+use crate::{RecordState, Scope};
 use clap::{Args, ValueEnum};
-use idemstore::inspect::{Entry, Filter, Inspector, LogDamage, StateFilter};
-use idemstore::{RecordState, Scope};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format, Length};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format, Length};
 
 /// A record state, as typed on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -25,7 +25,7 @@ pub(crate) enum State {
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
     #[command(flatten)]
-    read: crate::Read,
+    read: super::Read,
     /// Which records.
     #[arg(long, value_enum)]
     state: State,
@@ -62,7 +62,7 @@ pub(crate) fn run(args: &ListArgs) -> Result<Outcome, Fail> {
             let list: Vec<_> = entries
                 .iter()
                 .map(|e| {
-                    let mut v = crate::get::to_json(&inspector, &e.record, Length::Truncated);
+                    let mut v = super::get::to_json(&inspector, &e.record, Length::Truncated);
                     v["scope"] = show::scope_json(&e.scope);
                     v
                 })

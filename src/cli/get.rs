@@ -2,19 +2,19 @@
 
 use std::io::Write;
 
+use crate::inspect::{Inspector, LogDamage};
+use crate::{Record, RecordState, Scope};
 use clap::Args;
-use idemstore::inspect::{Inspector, LogDamage};
-use idemstore::{Record, RecordState, Scope};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format, Length};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format, Length};
 
 /// Arguments of `get`.
 #[derive(Debug, Args)]
 pub(crate) struct GetArgs {
     #[command(flatten)]
-    read: crate::Read,
+    read: super::Read,
     /// The tenant (the authenticated caller the key belongs to).
     #[arg(long)]
     tenant: String,
@@ -59,7 +59,7 @@ pub(crate) fn run(args: &GetArgs) -> Result<Outcome, Fail> {
 }
 
 /// Whether `t` has passed, for the reader.
-fn passed(inspector: &Inspector, t: idemstore::Timestamp) -> &'static str {
+fn passed(inspector: &Inspector, t: crate::Timestamp) -> &'static str {
     if t <= inspector.now() {
         " (passed)"
     } else {

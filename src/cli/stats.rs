@@ -3,18 +3,18 @@
 
 use std::io::Write;
 
+use crate::inspect::{Inspector, LogDamage, Summary};
 use clap::Args;
-use idemstore::inspect::{Inspector, LogDamage, Summary};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format};
 
 /// Arguments of `stats`.
 #[derive(Debug, Args)]
 pub(crate) struct StatsArgs {
     #[command(flatten)]
-    read: crate::Read,
+    read: super::Read,
 }
 
 pub(crate) fn run(args: &StatsArgs) -> Result<Outcome, Fail> {
@@ -38,7 +38,7 @@ fn to_json(inspector: &Inspector, s: &Summary) -> serde_json::Value {
         "tombstones": s.tombstones,
         "oldest_in_progress_ms": s.oldest_in_progress.map(|d| d.as_millis() as u64),
         "db_bytes": s.db_bytes,
-        "closed_cleanly": inspector.closed() == idemstore::inspect::Closed::Cleanly,
+        "closed_cleanly": inspector.closed() == crate::inspect::Closed::Cleanly,
         "db_modified": s.db_modified.map(show::time),
         "log_bytes": s.log_bytes,
         "log_segments": s.segments,
@@ -77,7 +77,7 @@ fn text(out: &mut impl Write, inspector: &Inspector, s: &Summary) -> std::io::Re
         out,
         "database            {}, {} (last written {})",
         show::bytes(s.db_bytes),
-        crate::verify::closed(inspector),
+        super::verify::closed(inspector),
         s.db_modified
             .map_or_else(|| "unknown".to_owned(), show::time)
     )?;

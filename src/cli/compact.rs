@@ -3,26 +3,26 @@
 
 use std::io::Write;
 
+use crate::Sweep;
 use clap::Args;
-use idemstore::Sweep;
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format};
 
 /// Arguments of `compact`.
 #[derive(Debug, Args)]
 pub(crate) struct CompactArgs {
     #[command(flatten)]
-    maintain: crate::Maintain,
+    maintain: super::Maintain,
 }
 
 pub(crate) fn run(args: &CompactArgs) -> Result<Outcome, Fail> {
-    let store = crate::open_for_writing(&args.maintain.dir, |b| b.sweep(Sweep::Off))?;
+    let store = super::open_for_writing(&args.maintain.dir, |b| b.sweep(Sweep::Off))?;
     let compacted = store
         .compact()
         .map_err(|e| Fail::Input(format!("compaction failed: {e}")))?;
-    crate::evict::close(store)?;
+    super::evict::close(store)?;
     let mut out = std::io::stdout().lock();
     match Format::of(args.maintain.json) {
         Format::Json => show::json_line(

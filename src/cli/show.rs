@@ -3,7 +3,7 @@
 use std::io::{self, Write};
 use std::time::Duration;
 
-use idemstore::{Scope, Timestamp};
+use crate::{Scope, Timestamp};
 
 /// Text for people or JSON for scripts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

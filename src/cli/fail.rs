@@ -2,7 +2,7 @@
 
 use std::io;
 
-use idemstore::inspect::InspectError;
+use crate::inspect::InspectError;
 
 /// A command that ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +37,8 @@ impl From<io::Error> for Fail {
     }
 }
 
-impl From<idemstore::ScopeError> for Fail {
-    fn from(e: idemstore::ScopeError) -> Self {
+impl From<crate::ScopeError> for Fail {
+    fn from(e: crate::ScopeError) -> Self {
         Fail::Input(format!("bad scope part: {e}"))
     }
 }

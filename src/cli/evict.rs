@@ -4,18 +4,18 @@
 use std::io::Write;
 use std::time::Duration;
 
+use crate::{Backlog, Store, Sweep};
 use clap::Args;
-use idemstore::{Backlog, Store, Sweep};
 use serde_json::json;
 
-use crate::fail::{Fail, Outcome};
-use crate::show::{self, Format};
+use super::fail::{Fail, Outcome};
+use super::show::{self, Format};
 
 /// Arguments of `evict`.
 #[derive(Debug, Args)]
 pub(crate) struct EvictArgs {
     #[command(flatten)]
-    maintain: crate::Maintain,
+    maintain: super::Maintain,
     /// At most this many records and tombstones removed.
     #[arg(long, default_value_t = 10_000)]
     limit: usize,
@@ -26,7 +26,7 @@ pub(crate) struct EvictArgs {
 }
 
 pub(crate) fn run(args: &EvictArgs) -> Result<Outcome, Fail> {
-    let store = crate::open_for_writing(&args.maintain.dir, |b| {
+    let store = super::open_for_writing(&args.maintain.dir, |b| {
         b.sweep(Sweep::Off).tombstone_ttl(args.tombstone_ttl)
     })?;
     let evicted = store
