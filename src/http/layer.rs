@@ -10,6 +10,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode, header};
 use tower::Layer;
 
+use super::drain::Drain;
 use super::outage::Outage;
 use super::request::{Fingerprinting, QueryPart};
 use super::service::IdempotencyService;
@@ -124,6 +125,8 @@ pub(crate) struct Settings {
     /// What the handlers of covered requests do: claimed first, or local work executed in one
     /// step (then this is the store they execute on).
     pub(crate) work: Work,
+    /// The stop: shared by every clone of the layer.
+    pub(crate) drain: Drain,
 }
 
 /// What the handlers behind a layer do, which decides whether the layer claims the key before
@@ -245,12 +248,21 @@ impl<P: Protocol> IdempotencyLayer<P> {
                 in_flight: None,
                 min_key_len: DEFAULT_MIN_KEY_LEN,
                 work: Work::Claimed,
+                drain: Drain::default(),
             }),
         }
     }
 
     fn settings(&mut self) -> &mut Settings {
         Arc::make_mut(&mut self.settings)
+    }
+
+    /// The layer's stop, for a clean shutdown (SIGTERM): [`Drain::start`] refuses new
+    /// covered requests with 503 and `Retry-After: 1`, and [`Drain::finish`] waits for the
+    /// claimed ones in flight, up to a limit, and names any still running. Shared by every
+    /// clone of this layer.
+    pub fn drain(&self) -> Drain {
+        self.settings.drain.clone()
     }
 
     /// The methods covered; other requests pass through untouched. `GET`, `PUT` and `DELETE`

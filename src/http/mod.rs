@@ -18,6 +18,7 @@
 //! | key used for a different request | 422 problem |
 //! | key whose response expired but whose tombstone is kept | 410 problem |
 //! | the store cannot answer (a full disk, recovering) | 503 problem, `Retry-After` growing with the outage, with jitter |
+//! | any, once the layer's stop has begun ([`Drain::start`]) and before the request is claimed, or claimed but not started | 503 problem, `Retry-After: 1`; nothing ran and the key is free |
 //!
 //! The request is identified by tenant (from authentication), operation (method and matched
 //! route) and key; it is fingerprinted by method, path and query, and body (a JSON body in its
@@ -32,6 +33,7 @@
 
 mod claimed;
 mod convert;
+mod drain;
 mod extract;
 mod jcs;
 mod key;
@@ -47,6 +49,7 @@ mod service;
 mod stream;
 
 pub use convert::IDEMPOTENT_REPLAYED;
+pub use drain::{Drain, Drained};
 pub use extract::{Finish, HandlerError, IdempotentRequest, MissingClaim};
 pub use key::IDEMPOTENCY_KEY;
 pub use layer::{

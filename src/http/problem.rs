@@ -206,6 +206,20 @@ pub(crate) fn overloaded() -> Response<Body> {
     response
 }
 
+/// 503: the service is stopping (its layer's drain has begun) and took no new work.
+pub(crate) fn stopping() -> Response<Body> {
+    let mut response = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "stopping",
+        "The service is stopping",
+        "this instance is stopping and took no new work; nothing was run. Retry with the same key after the Retry-After seconds: another instance, or this one once restarted, runs it",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
 /// 500: the task running a claimed request ended without an answer (it was cancelled as the
 /// runtime shut down). The claim stays in progress: its outcome is unknown.
 pub(crate) fn handler_lost() -> Response<Body> {

@@ -25,7 +25,7 @@ use crate::api::claim::Begin;
 use crate::api::store::Store;
 use crate::error::BoxError;
 use crate::model::scope::{Scope, ScopePart};
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, ProtocolClaim};
 
 /// The [`IdempotencyLayer`](super::IdempotencyLayer)'s service around an inner service.
 #[derive(Clone)]
@@ -158,6 +158,11 @@ where
         Admission::Refused(answer) => return Ok(problem::closing(answer)),
         Admission::Covered(scope) => scope,
     };
+    // Counted by the layer's drain until the response is stored (it goes with the claimed
+    // request's task); refused once a stop has begun.
+    let Some(admitted) = settings.drain.admit(&scope) else {
+        return Ok(problem::closing(problem::stopping()));
+    };
     // Held until the response is stored (it goes with the claimed request's task).
     let permit = match &settings.in_flight {
         None => None,
@@ -181,7 +186,7 @@ where
         let mut request = Request::from_parts(parts, Body::from(bytes));
         request.extensions_mut().insert(local.clone());
         let response = inner.call(request).await?;
-        drop(permit);
+        drop((permit, admitted));
         return Ok(if local.executed() {
             response.map(Body::new)
         } else {
@@ -230,13 +235,22 @@ where
         }
     };
 
+    if settings.drain.is_draining() {
+        // Claimed as the stop began, and nothing has run yet: the key goes back, so the
+        // client's retry runs at once wherever it lands instead of waiting for the lease.
+        if let Err(e) = claim.release().await {
+            tracing::warn!(%scope, error = %e, "a claim made during the stop could not be released; it stays in progress until its lease ends");
+        }
+        return Ok(problem::closing(problem::stopping()));
+    }
+
     // From here the request is the store's: it runs to the end on its own task, even if this
     // future is dropped because the client went away.
     let request = Request::from_parts(parts, Body::from(bytes));
     let (reply, answer) = oneshot::channel();
     let task = tokio::spawn(async move {
         claimed::run(inner, store, settings, claim, request, reply).await;
-        drop(permit);
+        drop((permit, admitted));
     });
     match answer.await {
         Ok(result) => result,

@@ -41,6 +41,8 @@ mod group_isolation;
 mod http_answers;
 #[cfg(feature = "http")]
 mod http_concurrency;
+#[cfg(feature = "http")]
+mod http_drain;
 #[cfg(all(feature = "http", feature = "testing"))]
 mod http_faults;
 #[cfg(feature = "http")]
