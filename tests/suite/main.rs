@@ -87,6 +87,10 @@ mod reopen;
 mod retention;
 #[cfg(feature = "testing")]
 mod second_fault;
+#[cfg(all(unix, feature = "http"))]
+mod service_slow_clients;
+#[cfg(all(unix, feature = "http"))]
+mod service_stop;
 mod stats;
 mod ttl;
 mod two_processes;

@@ -189,6 +189,13 @@ fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResu
         );
     }
     assert_eq!(shared.side_effects()?, 1);
+    // Each instance's /stats reads the shared ledger: one side effect, whichever made it.
+    for service in services.iter() {
+        let (status, stats) = get(service, "/stats", ALICE)?;
+        assert_eq!(status, 200, "{stats}");
+        let stats: Value = serde_json::from_str(&stats)?;
+        assert_eq!(stats["processor"]["side_effects"], 1, "{stats}");
+    }
     Ok(())
 }
 

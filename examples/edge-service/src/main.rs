@@ -24,6 +24,9 @@
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
+//! | `--header-timeout-secs` | `EDGE_HEADER_TIMEOUT_SECS` | `10` (a request head must arrive within it; also how long an idle keep-alive connection stays open) |
+//! | `--max-connections` | `EDGE_MAX_CONNECTIONS` | `1024` (connections past it are closed at once) |
+//! | `--drain-secs` | `EDGE_DRAIN_SECS` | `20` (on SIGTERM or SIGINT, how long requests in flight get to finish; see `serve`) |
 //! | `--pg-url` | `EDGE_PG_URL` | `postgres://postgres@127.0.0.1:5432/test` (with `--backend postgres`; tables prefixed `EDGE_PG_PREFIX`, default `edge_`; pool `EDGE_PG_POOL`, default 16 connections) |
 //!
 //! `GET /metrics` serves the store's metrics in Prometheus text format on either backend (see
@@ -39,6 +42,7 @@ mod metrics;
 #[cfg(feature = "postgres")]
 mod pg;
 mod processor;
+mod serve;
 mod stats;
 
 use std::net::SocketAddr;
@@ -51,7 +55,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router, middleware};
-use idemstore::http::{IdempotencyLayer, KeyPolicy};
+use idemstore::http::{Drain, IdempotencyLayer, KeyPolicy};
 use idemstore::{Clock, Completer, ManualClock, Store, SystemClock};
 
 use processor::Processor;
@@ -150,11 +154,12 @@ fn router(
     tokens: Arc<auth::Tokens>,
     wait: Duration,
     exporter: metrics::Exporter,
-) -> Router {
+) -> (Router, Drain) {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
         .max_body(16 * 1024)
         .wait(wait);
+    let drain = idempotency.drain();
     let api = Router::new()
         .route("/charges", post(charges::create))
         .route("/charges/{id}", get(charges::show))
@@ -175,11 +180,12 @@ fn router(
             }
         }
     };
-    Router::new()
+    let router = Router::new()
         .merge(api)
         .with_state(app)
         .merge(metrics::route(exporter, refresh))
-        .merge(test_routes(hooks))
+        .merge(test_routes(hooks));
+    (router, drain)
 }
 
 #[tokio::main]
@@ -198,6 +204,16 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let wait = Duration::from_millis(parsed(&args, "--wait-ms", "EDGE_WAIT_MS", "0")?);
     let segment_kb: u64 = parsed(&args, "--log-segment-kb", "EDGE_LOG_SEGMENT_KB", "8192")?;
     let memory_mb: usize = parsed(&args, "--memory", "EDGE_MEMORY_MB", "64")?;
+    let limits = serve::Limits {
+        header_timeout: Duration::from_secs(parsed(
+            &args,
+            "--header-timeout-secs",
+            "EDGE_HEADER_TIMEOUT_SECS",
+            "10",
+        )?),
+        max_connections: parsed(&args, "--max-connections", "EDGE_MAX_CONNECTIONS", "1024")?,
+        drain: Duration::from_secs(parsed(&args, "--drain-secs", "EDGE_DRAIN_SECS", "20")?),
+    };
     let complete_every = Duration::from_millis(parsed(
         &args,
         "--complete-every-ms",
@@ -253,12 +269,8 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "claims and charges in PostgreSQL ({})",
                 app.store.records_table()
             );
-            let router = pg::router(app, tokens, wait, exporter).merge(test_routes(hooks));
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
-                .await?;
+            let (router, drain) = pg::router(app, tokens, wait, exporter);
+            serve::serve(listener, router.merge(test_routes(hooks)), drain, limits).await?;
             drop(completer);
             return Ok(());
         }
@@ -313,12 +325,14 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "data in {} ({replayed} log frames replayed at open)",
         data.display()
     );
-    axum::serve(listener, router(app, tokens, wait, exporter))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    let (router, drain) = router(app, tokens, wait, exporter);
+    serve::serve(listener, router, drain, limits).await?;
     drop(completer);
+    // What the stop leaves in the log is applied now, so the next start replays nothing.
+    if let Err(e) = store.checkpoint() {
+        tracing::warn!(error = %e, "the checkpoint at the stop failed; the next start replays the log");
+    }
+    println!("stopped");
     Ok(())
 }
 

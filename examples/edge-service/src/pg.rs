@@ -11,7 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Router, middleware};
-use idemstore::http::{IdempotencyLayer, IdempotentRequest, KeyPolicy, Tenant};
+use idemstore::http::{Drain, IdempotencyLayer, IdempotentRequest, KeyPolicy, Tenant};
 use idemstore::sqlx::{self, Row};
 use idemstore::{BoxError, Completer, CompleterTask, PgClaim, PgStore, Protocol, ProtocolClaim};
 
@@ -85,11 +85,12 @@ pub(crate) fn router(
     tokens: Arc<auth::Tokens>,
     wait: Duration,
     exporter: metrics::Exporter,
-) -> Router {
+) -> (Router, Drain) {
     let idempotency = IdempotencyLayer::new(app.store.clone())
         .key(KeyPolicy::Required)
         .max_body(16 * 1024)
         .wait(wait);
+    let drain = idempotency.drain();
     let api = Router::new()
         .route("/charges", post(create))
         .route("/charges/{id}", get(show))
@@ -103,10 +104,11 @@ pub(crate) fn router(
         // scrape's pace (seconds), not per request.
         async move { store.stats().await.map(drop).map_err(|e| e.to_string()) }
     };
-    Router::new()
+    let router = Router::new()
         .merge(api)
         .with_state(app)
-        .merge(metrics::route(exporter, refresh))
+        .merge(metrics::route(exporter, refresh));
+    (router, drain)
 }
 
 /// The completer of abandoned charges, as on the local store.

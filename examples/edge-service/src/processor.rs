@@ -151,6 +151,12 @@ impl Processor {
     pub(crate) async fn lookup(&self, key: &str) -> Option<ProcessorCharge> {
         self.calls.lookups.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(self.latency).await;
+        self.caught_up().by_key.get(key).cloned()
+    }
+
+    /// The ledger with every process's appends read: the file shared by all instances is the
+    /// processor's truth, not this process's memory of it.
+    fn caught_up(&self) -> parking_lot::MutexGuard<'_, Ledger> {
         let mut ledger = self.ledger.lock();
         if ledger
             .file
@@ -161,7 +167,7 @@ impl Processor {
             tracing::warn!("the processor's ledger could not be read; answering from memory");
         }
         let _ = ledger.file.unlock();
-        ledger.by_key.get(key).cloned()
+        ledger
     }
 
     /// How often `charge` and `lookup` were called.
@@ -172,15 +178,15 @@ impl Processor {
         )
     }
 
-    /// Charges made since the ledger was created: the side effects that happened.
+    /// Charges made since the ledger was created, by any instance sharing it: the side
+    /// effects that happened.
     pub(crate) fn side_effects(&self) -> u64 {
-        self.ledger.lock().by_key.len() as u64
+        self.caught_up().by_key.len() as u64
     }
 
-    /// Charges made for one merchant account.
+    /// Charges made for one merchant account, by any instance.
     pub(crate) fn side_effects_of(&self, tenant: &str) -> u64 {
-        self.ledger
-            .lock()
+        self.caught_up()
             .by_key
             .values()
             .filter(|c| c.tenant == tenant)

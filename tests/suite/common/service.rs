@@ -127,6 +127,30 @@ impl Service {
         Ok(())
     }
 
+    /// Sends `signal` (`TERM`, `INT`) as a supervisor would, and waits for the process to
+    /// exit, up to [`PATIENCE`]; its exit status.
+    pub fn stop_with(
+        &mut self,
+        signal: &str,
+    ) -> Result<std::process::ExitStatus, Box<dyn std::error::Error>> {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status()?;
+        if !sent.success() {
+            return Err(format!("kill -{signal} failed: {sent}").into());
+        }
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                return Err(format!("still running {PATIENCE:?} after SIG{signal}").into());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL: no destructor, no flush, no goodbye.
     pub fn kill(mut self) -> std::io::Result<()> {
         self.child.kill()?;
