@@ -322,8 +322,8 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!(
-        "data in {} ({replayed} log frames replayed at open)",
-        data.display()
+        "store in {} ({replayed} log frames replayed at open)",
+        data.join("edge_service").display()
     );
     let (router, drain) = router(app, tokens, wait, exporter);
     serve::serve(listener, router, drain, limits).await?;
