@@ -60,27 +60,37 @@
 //!
 //! ## Layout
 //!
-//! Floors, top to bottom; a floor imports only the floors below it.
+//! Floors, top to bottom. Code on a floor names only the floors below it (a doc link may point
+//! anywhere); `.ci/floors.py` holds the same list and fails CI on an import that points up or
+//! sideways. This is the one map: `docs/design.md` points here.
 //!
-//! - `http` (feature `http`): the `Idempotency-Key` header as tower/axum middleware, generic over
-//!   the protocol; the only place that knows HTTP statuses.
-//! - `protocol`: the claim protocol as traits, and what is written against them (`Completer`).
-//! - `api`: the facades a caller holds (`Store`, `Claim`, `Builder`); they build engine requests.
-//! - `postgres` (feature `postgres`): the same protocol over PostgreSQL, for several
-//!   instances sharing one database ([`PgStore`]).
-//! - `engine`: one narrow interface (begin, commit, release, extend, checkpoint, evict, read,
-//!   stats, compact) over the writer thread, the overlay and the redb tables.
-//! - `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
-//! - `storage`: files and directories, the real ones and (feature `testing`) a faulty disk.
-//! - `model` and `error`: values (scope, fingerprint, record, response, clock, the state
-//!   machine's `decision`, limits) and the errors they raise; no I/O.
-//! - `testing` (feature `testing`): the crash harness and the conformance suite.
-//! - `inspect` (feature `cli`): a store's directory read without opening the store, for the
-//!   `idemstore` command-line tool; it reads through `engine`'s table layout, `wal` and
-//!   `storage`, and writes nothing.
-//! - `cli` (feature `cli`): the `idemstore` command-line tool's whole source, over `inspect`
-//!   (read commands) and `api` (`evict`, `compact`); a binary ships the tool by calling
-//!   `cli::run` from its `main`.
+//! 1. `testing` (feature `testing`): the crash harness and the conformance suites, over
+//!    everything below.
+//! 2. Adapters, beside each other:
+//!    - `http` (feature `http`): the `Idempotency-Key` header as tower/axum middleware,
+//!      generic over the protocol; the only place that knows HTTP statuses.
+//!    - `relay` (feature `tokio`): the outbox's delivery to a sink (JetStream with `nats`).
+//!    - `cli` (feature `cli`): the `idemstore` tool's whole source; a binary ships it by
+//!      calling `cli::run`.
+//! 3. Facades, beside each other:
+//!    - `api`: what a caller holds of the local store (`Store`, `Claim`, `Builder`), and the
+//!      store as a backend of the protocol; they build engine requests.
+//!    - `postgres` (feature `postgres`): the same protocol over PostgreSQL, for several
+//!      instances sharing one database ([`PgStore`]).
+//!    - `inspect` (feature `cli`): a store's directory read without opening the store,
+//!      through `engine`'s table layout, `wal` and `storage`; it writes nothing.
+//! 4. `protocol`: the claim protocol as traits, what is written against them (`Completer`),
+//!    and what both backends share: the lease keep-alive.
+//! 5. `engine`: one narrow interface (begin, execute, commit, release, extend, checkpoint,
+//!    write, forget, evict, read, stats, compact) over the writer thread, the overlay and the
+//!    redb tables.
+//! 6. `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
+//! 7. `storage`: files and directories, the real ones and (feature `testing`) the simulated
+//!    disk.
+//! 8. `error`: what each operation can fail with.
+//! 9. `model`: values (scope, fingerprint, record, response, clock, the state machine's
+//!    `decision`, limits) and what makes one invalid; no I/O.
+//! 10. `metrics`: the metric names and the calls to the `metrics` facade; it names nothing.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.
 
@@ -108,7 +118,8 @@ pub mod testing;
 mod wal;
 
 pub use api::outbox::INBOX_OPERATION;
-pub use api::{Begin, Builder, Claim, CommitError, Error, KeepAlive, Store};
+pub use api::{Begin, Builder, Claim, CommitError, Error, Store};
+pub use protocol::KeepAlive;
 pub use engine::{OwnedValue, ReadTx, Tx};
 #[cfg(feature = "postgres")]
 pub use error::PgOpenError;

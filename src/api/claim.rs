@@ -13,6 +13,7 @@ use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::MAX_LEASE;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
+use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
 
 /// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::model::begin::Begin) for each case. The
 /// default claim is the local store's.
@@ -333,50 +334,47 @@ pub(crate) struct LeaseHandle {
     claim: Weak<()>,
 }
 
-/// What a renewal came to.
-#[derive(Debug)]
-pub(crate) enum Renewed {
-    /// The lease now ends at this time.
-    Until(Timestamp),
-    /// The claim is no longer held (committed, released, or taken over): stop renewing. Not
-    /// counted as a stale refusal: a heartbeat racing its holder's commit is normal.
-    Over(StaleReason),
+impl LeaseHandle {
+    fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
+        match answer {
+            Ok(until) => Ok(Renewed::Until(until)),
+            Err(Refusal::Stale(reason)) => Ok(Renewed::Over(Some(reason))),
+            Err(Refusal::Store(e)) => Err(e.into()),
+        }
+    }
 }
 
-impl LeaseHandle {
-    /// The scope of the claim.
-    pub(crate) fn scope(&self) -> &Scope {
+impl Lease for LeaseHandle {
+    fn lease(&self) -> Duration {
+        self.store.limits().lease
+    }
+
+    fn scope(&self) -> &Scope {
         &self.scope
     }
 
-    /// Whether the claim itself is gone (committed, released or dropped): nothing to renew.
-    pub(crate) fn claim_dropped(&self) -> bool {
+    fn claim_dropped(&self) -> bool {
         self.claim.strong_count() == 0
     }
 
-    /// Moves the end of the lease to `lease` from now, unless it already ends later.
     #[cfg(feature = "tokio")]
-    pub(crate) async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
+    async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
         let request = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)?;
         Self::renewed(self.store.engine().run_async(request).await?)
     }
 
-    /// [`LeaseHandle::renew`], blocking.
-    pub(crate) fn renew_blocking(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        let request = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)?;
-        Self::renewed(self.store.engine().run(request)?)
+    fn renew_blocking(&self, lease: Duration) -> Option<Result<Renewed, ClaimError>> {
+        let renewed = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)
+            .map_err(ClaimError::from)
+            .and_then(|request| Self::renewed(self.store.engine().run(request)?));
+        Some(renewed)
     }
+}
 
-    fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
-        match answer {
-            Ok(until) => Ok(Renewed::Until(until)),
-            Err(Refusal::Stale(reason)) => Ok(Renewed::Over(reason)),
-            Err(Refusal::Store(e)) => Err(e.into()),
-        }
-    }
-
-    /// The store's lease: what each renewal extends by.
-    pub(crate) fn lease(&self) -> Duration {
-        self.store.limits().lease
+impl Claim {
+    /// Keeps this claim's lease from running out while the holder works: see [`KeepAlive`].
+    /// The claim stays the caller's to commit or release.
+    pub fn keep_alive(&self) -> KeepAlive {
+        KeepAlive::start(self.lease_handle())
     }
 }

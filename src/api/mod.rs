@@ -5,14 +5,14 @@
 pub(crate) mod any_error;
 #[cfg(feature = "tokio")]
 pub(crate) mod async_api;
+#[cfg(feature = "tokio")]
+mod backend;
 pub(crate) mod builder;
 pub(crate) mod claim;
-pub(crate) mod keep_alive;
 pub(crate) mod outbox;
 pub(crate) mod store;
 
 pub use any_error::Error;
 pub use builder::Builder;
 pub use claim::{Begin, Claim, CommitError};
-pub use keep_alive::KeepAlive;
 pub use store::Store;

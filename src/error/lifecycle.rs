@@ -1,38 +1,8 @@
 //! Errors from the claim lifecycle: commit, release, extend, checkpoint, execute, and plain
 //! writes.
 
-use std::fmt;
-
-use super::{BoxError, ResponseError, StoreError};
+use super::{BoxError, ResponseError, StaleReason, StoreError};
 use crate::model::scope::Scope;
-
-/// Why a claim no longer holds its scope.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StaleReason {
-    /// The record is gone: the claim was released, or the record was evicted.
-    Gone,
-    /// The lease expired and another attempt took the scope over with a newer fence.
-    TakenOver {
-        /// The fence of the attempt that holds it now.
-        current_fence: u64,
-    },
-    /// The record is already completed.
-    AlreadyCompleted,
-}
-
-impl fmt::Display for StaleReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StaleReason::Gone => f.write_str("its record was released or evicted"),
-            StaleReason::TakenOver { current_fence } => write!(
-                f,
-                "its lease expired and attempt with fence {current_fence} took the key over"
-            ),
-            StaleReason::AlreadyCompleted => f.write_str("the key is already completed"),
-        }
-    }
-}
 
 /// A claim's fence no longer matches the stored record. Nothing was changed.
 #[derive(Debug, Clone, thiserror::Error)]

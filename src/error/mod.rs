@@ -22,7 +22,6 @@ macro_rules! from_redb {
 }
 pub(crate) use from_redb;
 
-mod input;
 mod lifecycle;
 mod maintenance;
 mod open;
@@ -32,10 +31,10 @@ mod recovery;
 mod store;
 mod tx;
 
-pub use input::{CorruptRecord, FingerprintError, ResponseError, ScopeError};
-pub use lifecycle::{
-    ClaimError, CommitError, ExecuteError, ForgetError, StaleClaim, StaleReason, WriteError,
+pub use crate::model::invalid::{
+    CorruptRecord, FingerprintError, ResponseError, ScopeError, StaleReason,
 };
+pub use lifecycle::{ClaimError, CommitError, ExecuteError, ForgetError, StaleClaim, WriteError};
 pub use maintenance::CompactError;
 pub use open::{BadTableReason, Holder, OpenError};
 #[cfg(feature = "postgres")]

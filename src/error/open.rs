@@ -190,3 +190,12 @@ pub enum BadTableReason {
     #[error("too many tables (65,536 at most)")]
     TooMany,
 }
+
+impl From<crate::model::invalid::InvalidSetting> for OpenError {
+    fn from(invalid: crate::model::invalid::InvalidSetting) -> Self {
+        OpenError::InvalidConfig {
+            setting: invalid.setting,
+            reason: invalid.reason,
+        }
+    }
+}

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::OpenError;
+use crate::model::invalid::InvalidSetting;
 use crate::model::clock::{Clock, SystemClock};
 use crate::model::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET, MemoryShares};
 
@@ -173,8 +173,8 @@ impl Config {
         MemoryShares::of(self.memory_budget)
     }
 
-    pub(crate) fn validate(&self) -> Result<(), OpenError> {
-        let invalid = |setting, reason: String| Err(OpenError::InvalidConfig { setting, reason });
+    pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
+        let invalid = |setting, reason: String| Err(InvalidSetting { setting, reason });
         if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
             return invalid(
                 "ttl",

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::error::StaleReason;
+use crate::model::invalid::StaleReason;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::pace::InFlight;

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::error::FingerprintError;
+use crate::model::invalid::FingerprintError;
 
 /// Domain separation, so a fingerprint of a command never equals one of raw bytes that happen
 /// to match its encoding, and so neither equals a BLAKE3 hash computed elsewhere.

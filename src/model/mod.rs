@@ -8,6 +8,7 @@ pub(crate) mod config;
 pub(crate) mod decision;
 pub(crate) mod execution;
 pub(crate) mod fingerprint;
+pub(crate) mod invalid;
 pub(crate) mod jitter;
 pub mod limits;
 pub(crate) mod maintenance;

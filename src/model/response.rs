@@ -3,7 +3,7 @@
 //! The core knows nothing of HTTP: a status is a number and headers are name/value pairs. The
 //! HTTP adapter decides what they mean.
 
-use crate::error::ResponseError;
+use crate::model::invalid::ResponseError;
 use crate::model::limits::{MAX_HEADER_NAME_LEN, MAX_HEADER_VALUE_LEN, MAX_HEADERS};
 
 /// What the first attempt answered: a status, a small list of headers and a body.

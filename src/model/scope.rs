@@ -6,7 +6,7 @@
 use crate::model::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
 use std::fmt;
 
-use crate::error::ScopeError;
+use crate::model::invalid::ScopeError;
 
 /// Which part of a [`Scope`] an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

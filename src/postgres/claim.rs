@@ -15,7 +15,7 @@ use super::record::timestamp;
 use super::schema::IN_PROGRESS;
 use super::store::PgStore;
 use super::tx::PgTx;
-use crate::api::keep_alive::KeepAlive;
+use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
 use crate::error::{ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
@@ -332,25 +332,12 @@ impl PgClaim {
     }
 
     pub(crate) fn start_keep_alive(&self) -> KeepAlive {
-        let (store, scope, fence) = (self.store.clone(), self.scope.clone(), self.fence);
-        let alive = Arc::downgrade(&self.alive);
-        let lease = store.inner.config.lease;
-        let every = (lease / 3).max(Duration::from_millis(1));
-        KeepAlive::from_task(tokio::spawn(async move {
-            let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                ticks.tick().await;
-                if alive.strong_count() == 0 {
-                    return;
-                }
-                match renew(&store, &scope, fence, lease, Extension::AtLeast).await {
-                    Ok(Some(_)) => {}
-                    Ok(None) => return, // finished or taken over: nothing left to renew
-                    Err(e) => tracing::warn!(%scope, error = %e, "renewing a lease failed"),
-                }
-            }
-        }))
+        KeepAlive::start(PgLease {
+            store: self.store.clone(),
+            scope: self.scope.clone(),
+            fence: self.fence,
+            alive: Arc::downgrade(&self.alive),
+        })
     }
 
     pub(crate) fn scope_ref(&self) -> &Scope {
@@ -367,6 +354,42 @@ impl PgClaim {
     }
     pub(crate) fn downstream(&self) -> String {
         self.scope.downstream_key(self.origin_fence)
+    }
+}
+
+/// One claim's lease, for the keep-alive's loop (`protocol::keep_alive`).
+struct PgLease {
+    store: PgStore,
+    scope: Scope,
+    fence: u64,
+    /// Gone once the claim is.
+    alive: std::sync::Weak<()>,
+}
+
+impl Lease for PgLease {
+    fn lease(&self) -> Duration {
+        self.store.inner.config.lease
+    }
+
+    fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    fn claim_dropped(&self) -> bool {
+        self.alive.strong_count() == 0
+    }
+
+    async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
+        match renew(&self.store, &self.scope, self.fence, lease, Extension::AtLeast).await? {
+            Some(until) => Ok(Renewed::Until(until)),
+            // Finished or taken over: the statement does not say which.
+            None => Ok(Renewed::Over(None)),
+        }
+    }
+
+    /// The renewals run on the runtime the claim was made on.
+    fn renew_blocking(&self, _lease: Duration) -> Option<Result<Renewed, ClaimError>> {
+        None
     }
 }
 

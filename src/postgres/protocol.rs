@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::claim::PgClaim;
 use super::store::PgStore;
-use crate::api::keep_alive::KeepAlive;
+use crate::protocol::keep_alive::KeepAlive;
 use crate::error::{ClaimError, CommitError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;

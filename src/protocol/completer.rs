@@ -20,9 +20,8 @@ use parking_lot::Mutex;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::api::claim::Begin;
-use crate::api::store::Store;
 use crate::error::{BoxError, StoreError};
+use crate::model::begin::Begin;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
 
@@ -64,8 +63,9 @@ type Finished = Result<(Scope, Result<(), BoxError>), tokio::task::JoinError>;
 /// wait (`backoff`). A function that may run longer than the lease should hold a
 /// [`KeepAlive`](crate::KeepAlive).
 ///
-/// `P` is the backend ([`Store`] by default); the functions get its claim type.
-pub struct Completer<P: Protocol = Store> {
+/// `P` is the backend ([`Store`](crate::Store), or `PgStore` with feature `postgres`); the
+/// functions get its claim type.
+pub struct Completer<P: Protocol> {
     store: P,
     operations: HashMap<String, CompleteFn<P::Claim>>,
     every: Duration,

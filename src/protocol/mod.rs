@@ -27,12 +27,12 @@ pub use crate::model::begin::Begin;
 
 #[cfg(feature = "tokio")]
 mod completer;
-#[cfg(feature = "tokio")]
-mod local;
+pub(crate) mod keep_alive;
 #[cfg(feature = "tokio")]
 mod traits;
 
 #[cfg(feature = "tokio")]
 pub use self::completer::{Completer, CompleterTask, Round};
+pub use self::keep_alive::KeepAlive;
 #[cfg(feature = "tokio")]
 pub use self::traits::{Protocol, ProtocolClaim};

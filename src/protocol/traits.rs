@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::api::keep_alive::KeepAlive;
+use super::keep_alive::KeepAlive;
 use crate::error::{ClaimError, CommitError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;

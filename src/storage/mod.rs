@@ -11,6 +11,10 @@ mod lock;
 #[cfg(feature = "cli")]
 mod read_only;
 mod rewrite;
+/// The simulated disk (feature `testing`), re-exported by `testing`: a storage like the
+/// real one, behind the same `Storage` enum.
+#[cfg(feature = "testing")]
+pub(crate) mod sim_disk;
 mod watched;
 
 use std::fmt;
@@ -81,7 +85,7 @@ pub(crate) enum Storage {
     },
     /// A simulated disk for crash and fault tests.
     #[cfg(feature = "testing")]
-    Simulated(crate::testing::SimDisk),
+    Simulated(sim_disk::SimDisk),
 }
 
 impl fmt::Debug for Storage {

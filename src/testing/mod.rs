@@ -13,14 +13,13 @@ mod log_decode;
 pub mod outbox_conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
-mod sim_disk;
 mod workload;
 
 pub use crash::{
     CaseReport, CrashCase, CrashOp, Fault, REOPENS, Violation, run_case, second_faults,
 };
 pub use log_decode::{build_segment, check_log_decode};
-pub use sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};
+pub use crate::storage::sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};
 pub use workload::{Rng, workload};
 
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against

@@ -38,7 +38,7 @@ impl Downstream {
 }
 
 /// What the completer runs for `OPERATION`: ask downstream, commit what it made, or release.
-fn completer(store: &Store, downstream: &Arc<Downstream>) -> Completer {
+fn completer(store: &Store, downstream: &Arc<Downstream>) -> Completer<Store> {
     let downstream = downstream.clone();
     Completer::new(store.clone()).operation(OPERATION, move |claim: Claim| {
         let downstream = downstream.clone();

@@ -1,11 +1,10 @@
-//! The local store as the protocol's first backend: the trait's methods are its async ones.
+//! The local store as a backend of the protocol: the trait's methods are its async ones. Here,
+//! beside `Store`, as sqlx's `Pool` implements `Executor`: the protocol knows no backend.
 
 use std::time::Duration;
 
-use super::traits::{Protocol, ProtocolClaim};
-use crate::api::claim::{Begin, Claim, CommitError};
-use crate::api::keep_alive::KeepAlive;
-use crate::api::store::Store;
+use super::claim::{Begin, Claim, CommitError};
+use super::store::Store;
 use crate::error::{ClaimError, StoreError};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
@@ -14,6 +13,8 @@ use crate::model::maintenance::{Abandoned, Evicted};
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
+use crate::protocol::keep_alive::KeepAlive;
+use crate::protocol::{Protocol, ProtocolClaim};
 
 /// Runs blocking reads off the runtime's workers.
 async fn blocking<T: Send + 'static>(

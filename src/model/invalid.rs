@@ -1,4 +1,8 @@
-//! Errors about what the caller passed in: scopes, fingerprints, responses, and records read back.
+//! Values that are not valid: scopes, fingerprints, responses, records read back, settings,
+//! and the reason a claim went stale. Each is raised by the value's own constructor or check in
+//! `model`, so it lives here, below `error`; `error` re-exports it beside the operations' errors.
+
+use std::fmt;
 
 use crate::model::scope::ScopePart;
 
@@ -153,4 +157,40 @@ pub enum CorruptRecord {
         /// What is wrong.
         detail: String,
     },
+}
+
+/// Why a claim no longer holds its scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StaleReason {
+    /// The record is gone: the claim was released, or the record was evicted.
+    Gone,
+    /// The lease expired and another attempt took the scope over with a newer fence.
+    TakenOver {
+        /// The fence of the attempt that holds it now.
+        current_fence: u64,
+    },
+    /// The record is already completed.
+    AlreadyCompleted,
+}
+
+impl fmt::Display for StaleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StaleReason::Gone => f.write_str("its record was released or evicted"),
+            StaleReason::TakenOver { current_fence } => write!(
+                f,
+                "its lease expired and attempt with fence {current_fence} took the key over"
+            ),
+            StaleReason::AlreadyCompleted => f.write_str("the key is already completed"),
+        }
+    }
+}
+
+/// A setting is out of its range ([`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig)
+/// carries it to the caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidSetting {
+    pub(crate) setting: &'static str,
+    pub(crate) reason: String,
 }

@@ -6,13 +6,47 @@
 //! the holder extended itself is not cut short). A live holder is then never taken over, while
 //! a dead one (its process gone, and the renewals with it) is, one lease after the last
 //! renewal.
+//!
+//! The renewal loop is written once, here, for every backend: a backend hands it a [`Lease`]
+//! (how to renew one claim's lease), and gets a [`KeepAlive`] back.
 
 use std::fmt;
+#[cfg(feature = "tokio")]
+use std::future::Future;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::api::claim::{Claim, LeaseHandle, Renewed};
+use crate::error::{ClaimError, StaleReason};
+use crate::model::clock::Timestamp;
+use crate::model::scope::Scope;
+
+/// One claim's lease, as a backend renews it.
+pub(crate) trait Lease: Send + Sync + 'static {
+    /// The store's lease: what each renewal extends by.
+    fn lease(&self) -> Duration;
+    /// The claim's scope, for the log.
+    fn scope(&self) -> &Scope;
+    /// Whether the claim itself is gone (committed, released or dropped): nothing to renew.
+    fn claim_dropped(&self) -> bool;
+    /// Moves the end of the lease to `lease` from now, unless it already ends later.
+    #[cfg(feature = "tokio")]
+    fn renew(&self, lease: Duration) -> impl Future<Output = Result<Renewed, ClaimError>> + Send;
+    /// [`renew`](Self::renew), blocking, for a claim held outside a runtime; `None` for a
+    /// backend that renews only on a runtime.
+    fn renew_blocking(&self, lease: Duration) -> Option<Result<Renewed, ClaimError>>;
+}
+
+/// What a renewal came to.
+#[derive(Debug)]
+pub(crate) enum Renewed {
+    /// The lease now ends at this time.
+    Until(Timestamp),
+    /// The claim is no longer held (committed, released, or taken over): stop renewing. Not
+    /// counted as a stale refusal: a heartbeat racing its holder's commit is normal. The
+    /// reason, where the backend knows it.
+    Over(Option<StaleReason>),
+}
 
 /// Renews a claim's lease in the background until it is dropped, or until the claim is
 /// finished: committed, released, dropped, or taken over by another attempt.
@@ -77,7 +111,7 @@ impl Drop for KeepAlive {
 impl KeepAlive {
     /// Starts renewing the lease of the claim behind `handle`: as a task if a tokio runtime
     /// is running here, else on a thread.
-    pub(crate) fn start(handle: LeaseHandle) -> Self {
+    pub(crate) fn start<L: Lease>(handle: L) -> Self {
         #[cfg(feature = "tokio")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             // The cadence starts now, not when the task is first polled.
@@ -109,15 +143,6 @@ impl KeepAlive {
         }
     }
 
-    /// A keep-alive whose renewals run as `task` (another backend's renewal loop): dropping
-    /// it aborts the task.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn from_task(task: tokio::task::JoinHandle<()>) -> Self {
-        KeepAlive {
-            runner: Runner::Task(task),
-        }
-    }
-
     /// Whether it stopped on its own (the claim is finished) or could not start.
     pub fn is_finished(&self) -> bool {
         match &self.runner {
@@ -128,29 +153,21 @@ impl KeepAlive {
     }
 }
 
-impl Claim {
-    /// Keeps this claim's lease from running out while the holder works: see [`KeepAlive`].
-    /// The claim stays the caller's to commit or release.
-    pub fn keep_alive(&self) -> KeepAlive {
-        KeepAlive::start(self.lease_handle())
-    }
-}
-
 /// Every third of the lease: the interval between renewals.
-fn interval(handle: &LeaseHandle) -> (Duration, Duration) {
+fn interval(handle: &impl Lease) -> (Duration, Duration) {
     let lease = handle.lease();
     (lease, (lease / 3).max(Duration::from_millis(1)))
 }
 
 /// What to do after a renewal: go on, or stop.
-fn after(handle: &LeaseHandle, renewed: Result<Renewed, crate::ClaimError>) -> Next {
+fn after(handle: &impl Lease, renewed: Result<Renewed, ClaimError>) -> Next {
     match renewed {
         Ok(Renewed::Until(until)) => {
             tracing::trace!(scope = %handle.scope(), %until, "lease renewed");
             Next::Continue
         }
         Ok(Renewed::Over(reason)) => {
-            tracing::debug!(scope = %handle.scope(), %reason, "the claim is finished; no more renewals");
+            tracing::debug!(scope = %handle.scope(), ?reason, "the claim is finished; no more renewals");
             Next::Stop
         }
         // A store that is recovering or a full disk: the next tick tries again, and the lease
@@ -168,7 +185,7 @@ enum Next {
 }
 
 #[cfg(feature = "tokio")]
-async fn renew_async(handle: LeaseHandle, first: tokio::time::Instant) {
+async fn renew_async(handle: impl Lease, first: tokio::time::Instant) {
     let (lease, every) = interval(&handle);
     let mut ticks = tokio::time::interval_at(first, every);
     // A renewal that took long (a busy writer) is not followed by a burst of catch-up ones.
@@ -184,7 +201,7 @@ async fn renew_async(handle: LeaseHandle, first: tokio::time::Instant) {
     }
 }
 
-fn renew_blocking(handle: &LeaseHandle, stopped: &Receiver<()>) {
+fn renew_blocking(handle: &impl Lease, stopped: &Receiver<()>) {
     let (lease, every) = interval(handle);
     loop {
         match stopped.recv_timeout(every) {
@@ -194,7 +211,11 @@ fn renew_blocking(handle: &LeaseHandle, stopped: &Receiver<()>) {
         if handle.claim_dropped() {
             return;
         }
-        if let Next::Stop = after(handle, handle.renew_blocking(lease)) {
+        let Some(renewed) = handle.renew_blocking(lease) else {
+            tracing::error!(scope = %handle.scope(), "this backend renews leases only on a tokio runtime; the lease is not renewed");
+            return;
+        };
+        if let Next::Stop = after(handle, renewed) {
             return;
         }
     }

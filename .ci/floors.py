@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Fails when a `crate::` path in src/ points up (or sideways) on the floor map in src/lib.rs.
+
+Each top-level module of src/ has a floor; code on a floor may name only modules on floors
+below it (and itself). Doc comments are skipped: a link may point anywhere. Paths through
+the crate root (`crate::Store`, re-exports) are not checked: name the module instead.
+"""
+import pathlib
+import re
+import sys
+
+# Top to bottom. Keep in step with "Layout" in src/lib.rs.
+FLOORS = [
+    ["testing"],
+    ["http", "relay", "cli"],
+    ["api", "postgres", "inspect"],
+    ["protocol"],
+    ["engine"],
+    ["wal"],
+    ["storage"],
+    ["error"],
+    ["model"],
+    ["metrics"],
+]
+FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in modules}
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+PATH = re.compile(r"\bcrate::([a-z_]+)")
+GROUP = re.compile(r"\bcrate::\{([^}]*)\}", re.S)
+
+
+def module_of(path: pathlib.Path) -> str:
+    parts = path.relative_to(SRC).parts
+    return parts[0].removesuffix(".rs") if len(parts) > 1 or parts[0] != "lib.rs" else "lib"
+
+
+def code_of(text: str) -> str:
+    """The text without comments (line comments, doc comments)."""
+    return "\n".join(re.sub(r"//.*", "", line) for line in text.splitlines())
+
+
+def targets(code: str) -> set[str]:
+    found = set(PATH.findall(code))
+    for group in GROUP.findall(code):
+        found.update(re.findall(r"(?:^|,)\s*([a-z_]+)", group))
+    return found
+
+
+def main() -> int:
+    seen: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(SRC.rglob("*.rs")):
+        source = module_of(path)
+        if source in ("lib", "bin"):  # the crate root; binaries are crates of their own
+            continue
+        if source not in FLOOR:
+            print(f"{path}: module `{source}` has no floor: add it to FLOORS and to src/lib.rs")
+            return 1
+        for target in targets(code_of(path.read_text())):
+            if target == source or target not in FLOOR:
+                continue  # itself, or an item re-exported at the root (crate::Store)
+            if FLOOR[target] <= FLOOR[source]:
+                seen.setdefault((source, target), []).append(str(path.relative_to(SRC.parent)))
+    for (source, target), files in sorted(seen.items()):
+        print(f"{source} -> {target} points up or sideways on the floor map: {', '.join(sorted(set(files)))}")
+    if not seen:
+        print(f"floors: {sum(1 for _ in SRC.rglob('*.rs'))} files, every import points down")
+    return 1 if seen else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
