@@ -139,7 +139,8 @@ pub(crate) struct Writer {
     /// The frame whose sync failed, until a restore has checkpointed it from this copy.
     pub(super) unsynced: Option<Unsynced>,
     pub(super) appends: Appends,
-    last_checkpoint: Instant,
+    /// When the timed checkpoint is due (if the log holds anything to checkpoint).
+    timed_checkpoint: Instant,
     /// After a failed checkpoint, when to try again.
     checkpoint_retry: Backoff,
     /// While poisoned, when to try recovering in place again.
@@ -165,6 +166,8 @@ impl Writer {
             Some(log) if log.since_checkpoint() > 0 => Appends::AfterCheckpoint,
             _ => Appends::Open,
         };
+        // The interval is at most an hour (the builder checks): no overflow.
+        let timed_checkpoint = Instant::now() + shared.config.checkpoint_interval;
         let mut writer = Writer {
             shared,
             storage,
@@ -173,7 +176,7 @@ impl Writer {
             log,
             unsynced: None,
             appends,
-            last_checkpoint: Instant::now(),
+            timed_checkpoint,
             checkpoint_retry: Backoff::new(CHECKPOINT_RETRY.0, CHECKPOINT_RETRY.1),
             heal_retry: Backoff::new(heal.0, heal.1),
         };
@@ -185,10 +188,10 @@ impl Writer {
     /// cannot be reused until a checkpoint: take one at the first chance.
     pub(super) fn checkpoint_soon_if_replayed(&mut self) {
         if self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0) {
-            let interval = self.shared.config.checkpoint_interval;
-            self.last_checkpoint = Instant::now()
-                .checked_sub(interval)
-                .unwrap_or_else(Instant::now);
+            // A deadline of now, not a last checkpoint an interval ago: `Instant` cannot go
+            // back further than the machine's uptime, so an interval longer than that (an
+            // hour, on a box booted minutes ago) left this checkpoint an interval away.
+            self.timed_checkpoint = Instant::now();
         }
     }
 
@@ -768,7 +771,10 @@ impl Writer {
             self.shared
                 .config
                 .checkpoint_interval
-                .saturating_sub(self.last_checkpoint.elapsed())
+                .min(
+                    self.timed_checkpoint
+                        .saturating_duration_since(Instant::now()),
+                )
                 .max(self.checkpoint_retry.wait().unwrap_or_default())
         })
     }
@@ -778,8 +784,7 @@ impl Writer {
             return;
         };
         let due = log.since_checkpoint() >= self.shared.config.checkpoint_bytes
-            || (log.since_checkpoint() > 0
-                && self.last_checkpoint.elapsed() >= self.shared.config.checkpoint_interval);
+            || (log.since_checkpoint() > 0 && Instant::now() >= self.timed_checkpoint);
         if due
             && self.checkpoint_retry.due()
             && let Err(e) = self.checkpoint()
@@ -851,11 +856,10 @@ impl Writer {
         self.appends = Appends::Open;
         tracing::debug!(seq, segment, "checkpoint");
         self.checkpoint_retry.reset();
-        self.last_checkpoint = Instant::now();
+        let now = Instant::now();
+        self.timed_checkpoint = now + self.shared.config.checkpoint_interval;
         self.shared.counters.checkpointed();
-        let since_open = self
-            .last_checkpoint
-            .duration_since(self.shared.counters.opened);
+        let since_open = now.duration_since(self.shared.counters.opened);
         self.shared.counters.last_checkpoint_ms.store(
             u64::try_from(since_open.as_millis())
                 .unwrap_or(u64::MAX)

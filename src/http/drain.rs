@@ -4,10 +4,9 @@
 //! A process that dies with requests in flight leaves their keys in progress: each client's
 //! retry on the next process gets 409 until the lease ends, then runs as a recovery. A stop
 //! through [`Drain`] causes neither for a request that finishes within the limit, nor for one
-//! that was not claimed yet (it is refused with 503 and a one-second `Retry-After`, so the
-//! client's retry lands on another instance, or on this one after its restart, and runs at
-//! once). Only a handler still running at the limit leaves its key in progress, and
-//! [`Drained::LimitPassed`] names it: its outcome is unknown.
+//! not claimed yet ([`Drain::start`] says how it is answered). Only a handler still running at
+//! the limit leaves its key in progress, and [`Drained::LimitPassed`] names it: its outcome is
+//! unknown.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -52,7 +51,9 @@ pub enum Drained {
     /// progress if the process stops now: a retry gets 409 until the lease ends, and the first
     /// after it runs as a recovery.
     LimitPassed {
-        /// The scopes (tenant, operation, key) of the requests still running.
+        /// The scopes (tenant, operation, key) of the claimed requests still running. A
+        /// request admitted but not claimed yet (its body still arriving, its `begin` not
+        /// answered) is waited for but not named: it changed nothing so far.
         in_progress: Vec<Scope>,
     },
 }
@@ -76,8 +77,22 @@ struct State {
 struct Inner {
     phase: Phase,
     /// Admitted requests not finished yet, by admission number.
-    running: HashMap<u64, Scope>,
+    running: HashMap<u64, Running>,
     next: u64,
+}
+
+/// An admitted request, and how far it got.
+#[derive(Debug)]
+struct Running {
+    scope: Scope,
+    stage: Stage,
+}
+
+/// Whether an admitted request holds a claim (or, for local work, may be executing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Admitted,
+    Claimed,
 }
 
 /// One admitted covered request; it counts as running until this is dropped.
@@ -85,6 +100,16 @@ struct Inner {
 pub(crate) struct Admitted {
     state: Arc<State>,
     id: u64,
+}
+
+impl Admitted {
+    /// The request holds its claim now: if it is still running at the limit, its key stays in
+    /// progress.
+    pub(crate) fn claimed(&self) {
+        if let Some(running) = self.state.inner.lock().running.get_mut(&self.id) {
+            running.stage = Stage::Claimed;
+        }
+    }
 }
 
 impl Drop for Admitted {
@@ -97,9 +122,13 @@ impl Drop for Admitted {
 
 impl Drain {
     /// Stops taking new covered requests: from now on each is answered 503 with
-    /// `Retry-After: 1` before the store is asked, and a request whose claim is made after
-    /// this call releases it before its handler starts. Requests that pass through the layer
-    /// uncovered are not affected (the server's own graceful shutdown closes connections).
+    /// `Retry-After: 1` before the store is asked (nothing ran, the key stays free, so the
+    /// client's retry lands on another instance, or on this one after its restart, and runs
+    /// at once). A request admitted before this call whose first claim is made after it gives
+    /// the key back before its handler starts, with the same answer; a recovery (a later
+    /// attempt) runs, since an earlier attempt may have done the work. Requests that pass
+    /// through the layer uncovered are not affected (the server's own graceful shutdown closes
+    /// connections).
     pub fn start(&self) {
         self.state.inner.lock().phase = Phase::Draining;
     }
@@ -128,7 +157,12 @@ impl Drain {
                 if inner.running.is_empty() {
                     return Drained::AllFinished;
                 }
-                inner.running.values().cloned().collect()
+                inner
+                    .running
+                    .values()
+                    .filter(|r| r.stage == Stage::Claimed)
+                    .map(|r| r.scope.clone())
+                    .collect()
             };
             if tokio::time::timeout_at(deadline, finished).await.is_err() {
                 return Drained::LimitPassed { in_progress };
@@ -144,7 +178,13 @@ impl Drain {
         }
         let id = inner.next;
         inner.next += 1;
-        inner.running.insert(id, scope.clone());
+        inner.running.insert(
+            id,
+            Running {
+                scope: scope.clone(),
+                stage: Stage::Admitted,
+            },
+        );
         Some(Admitted {
             state: self.state.clone(),
             id,
@@ -165,12 +205,15 @@ mod tests {
         let drain = Drain::default();
         let quick = drain.admit(&scope("quick-key")).expect("serving");
         let slow = drain.admit(&scope("slow-key")).expect("serving");
+        let unclaimed = drain.admit(&scope("unclaimed-key")).expect("serving");
+        quick.claimed();
+        slow.claimed();
         drain.start();
         assert!(
             drain.admit(&scope("late-key")).is_none(),
             "refused once draining"
         );
-        assert_eq!(drain.in_flight(), 2);
+        assert_eq!(drain.in_flight(), 3);
         let finishing = tokio::spawn({
             let drain = drain.clone();
             async move { drain.finish(Duration::from_secs(10)).await }
@@ -182,9 +225,10 @@ mod tests {
             drained,
             Drained::LimitPassed {
                 in_progress: vec![scope("slow-key")]
-            }
+            },
+            "named: the claimed request still running, not the one never claimed"
         );
-        drop(slow);
+        drop((slow, unclaimed));
         assert_eq!(
             drain.finish(Duration::from_secs(10)).await,
             Drained::AllFinished

@@ -257,10 +257,8 @@ impl<P: Protocol> IdempotencyLayer<P> {
         Arc::make_mut(&mut self.settings)
     }
 
-    /// The layer's stop, for a clean shutdown (SIGTERM): [`Drain::start`] refuses new
-    /// covered requests with 503 and `Retry-After: 1`, and [`Drain::finish`] waits for the
-    /// claimed ones in flight, up to a limit, and names any still running. Shared by every
-    /// clone of this layer.
+    /// The layer's stop, for a clean shutdown (SIGTERM): see [`Drain`]. Shared by every clone
+    /// of this layer.
     pub fn drain(&self) -> Drain {
         self.settings.drain.clone()
     }

@@ -158,8 +158,7 @@ where
         Admission::Refused(answer) => return Ok(problem::closing(answer)),
         Admission::Covered(scope) => scope,
     };
-    // Counted by the layer's drain until the response is stored (it goes with the claimed
-    // request's task); refused once a stop has begun.
+    // Counted by the layer's drain until the response is stored; refused once a stop has begun.
     let Some(admitted) = settings.drain.admit(&scope) else {
         return Ok(problem::closing(problem::stopping()));
     };
@@ -185,6 +184,7 @@ where
         let local = LocalRequest::new(store.clone(), scope, fingerprint);
         let mut request = Request::from_parts(parts, Body::from(bytes));
         request.extensions_mut().insert(local.clone());
+        admitted.claimed(); // the handler's execute claims, works and stores in one step
         let response = inner.call(request).await?;
         drop((permit, admitted));
         return Ok(if local.executed() {
@@ -235,14 +235,18 @@ where
         }
     };
 
-    if settings.drain.is_draining() {
-        // Claimed as the stop began, and nothing has run yet: the key goes back, so the
-        // client's retry runs at once wherever it lands instead of waiting for the lease.
+    // Claimed as the stop began, and nothing has run yet: a first attempt gives its key back,
+    // so the client's retry runs at once wherever it lands instead of waiting for the lease. A
+    // recovery runs: an earlier attempt may have done the work downstream, and a release would
+    // forget it (the next claim would be a first attempt, with a new downstream key).
+    if settings.drain.is_draining() && claim.attempt() == 1 {
         if let Err(e) = claim.release().await {
             tracing::warn!(%scope, error = %e, "a claim made during the stop could not be released; it stays in progress until its lease ends");
         }
         return Ok(problem::closing(problem::stopping()));
     }
+
+    admitted.claimed();
 
     // From here the request is the store's: it runs to the end on its own task, even if this
     // future is dropped because the client went away.

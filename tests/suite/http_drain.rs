@@ -155,3 +155,70 @@ async fn a_claim_made_after_the_stop_began_is_released_before_its_handler_runs()
     );
     runs_on_a_fresh_layer(&store, "order-handed-on").await
 }
+
+/// A request admitted before the stop whose body is still arriving: if its claim is a first
+/// attempt it gives the key back (503, nothing ran); if it is a recovery of an attempt that
+/// may have done the work, it runs.
+#[tokio::test]
+async fn a_first_claim_made_during_the_stop_is_given_back_and_a_recovery_runs() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = store(&dir, &clock)?;
+    // An attempt on `order-recovered` that died: its claim left in progress, its lease over.
+    let scope = Scope::new("acct_a", "POST /orders", "order-recovered")?;
+    let layer = IdempotencyLayer::new(store.clone());
+    let drain = layer.drain();
+    let (app, runs) = orders_app(layer);
+    // The dead attempt, claimed through a layer (so with the request's own fingerprint) whose
+    // handler never answers.
+    {
+        let (entered, gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+        let (stuck, _) = gated(
+            IdempotencyLayer::new(store.clone()),
+            entered.clone(),
+            gate,
+            StatusCode::CREATED,
+        );
+        let attempt = tokio::spawn(send_owned(stuck, post_req("order-recovered", BODY)));
+        entered.acquire().await?.forget();
+        attempt.abort(); // the client goes; the handler's task waits on its gate forever
+    }
+    clock.advance(common::LEASE + Duration::from_secs(1));
+
+    let streamed = |key: &str| {
+        let (sender, body) = http_body_util::channel::Channel::<axum::body::Bytes>::new(1);
+        let request = request_with(
+            axum::http::Method::POST,
+            "/orders",
+            Some(key),
+            axum::body::Body::new(body),
+        );
+        (sender, tokio::spawn(send_owned(app.clone(), request)))
+    };
+    let (mut fresh_body, fresh) = streamed("order-fresh-during-stop");
+    let (mut recovery_body, recovery) = streamed("order-recovered");
+    while drain.in_flight() < 2 {
+        tokio::task::yield_now().await;
+    }
+    drain.start();
+    for sender in [&mut fresh_body, &mut recovery_body] {
+        sender.send_data(BODY.into()).await?;
+    }
+    drop((fresh_body, recovery_body));
+    let fresh = fresh.await??;
+    assert_eq!(
+        fresh.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        fresh.body
+    );
+    assert_eq!(fresh.problem_type(), "urn:idemstore:problem:stopping");
+    let recovery = recovery.await??;
+    assert_eq!(recovery.status, StatusCode::CREATED, "{}", recovery.body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the recovery ran");
+    assert!(matches!(
+        store.begin(&scope, idemstore::Fingerprint::of_bytes(b"other"))?,
+        idemstore::Begin::Mismatch
+    ));
+    runs_on_a_fresh_layer(&store, "order-fresh-during-stop").await
+}

@@ -133,16 +133,24 @@ fn after_an_open_that_replayed_frames_a_checkpoint_comes_before_the_next_frame()
     let image = disk.crash_image(Tear::Drop);
     drop(first);
 
-    let store = open(&image, &clock, Durability::Wal)?;
+    // The checkpoint's sync is failed: the writer takes that checkpoint at once after the open
+    // (in the background, or before b0's frame if b0 comes first), and a failed one is tried
+    // again only after a backoff (500 ms), so b0, sent at once, finds it not taken. Which sync
+    // is the checkpoint's is found by failing the first, second, ... sync after the open's
+    // own, each on a fresh copy of the image, until b0 is refused.
+    let (image, store, refused) = (1..=16)
+        .find_map(|n| {
+            let copy = image.crash_image(Tear::Drop);
+            copy.plan(FaultPlan {
+                fail_sync: Some(copy.counters().syncs() + n),
+                ..FaultPlan::default()
+            });
+            let store = open(&copy, &clock, Durability::Wal).ok()?;
+            let refused = order(&store, "b0").err()?.to_string();
+            Some((copy, store, refused))
+        })
+        .ok_or("b0 was appended before the checkpoint, whichever sync failed")?;
     assert_eq!(store.recovery_report().frames_replayed, 6);
-    image.plan(FaultPlan {
-        fail_sync: Some(image.counters().syncs() + 1),
-        ..FaultPlan::default()
-    });
-    let refused = order(&store, "b0")
-        .err()
-        .ok_or("b0 was appended before the checkpoint")?
-        .to_string();
     assert!(refused.contains("nothing of it was written"), "{refused}");
     assert!(
         store.writable().is_ok(),

@@ -12,6 +12,8 @@ use crate::common;
 use crate::edge_service;
 
 use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -63,6 +65,48 @@ fn charge(agent: &ureq::Agent, base: &str, key: &str) -> Seen {
     }
 }
 
+/// A charge whose head and first half of body are sent now, and the rest by `finish`: admitted
+/// by the service before a stop, claimed after it began.
+struct HalfSent {
+    stream: TcpStream,
+    rest: &'static [u8],
+}
+
+const HALF_BODY: &[u8] = br#"{"amount": 1900, "currency": "eur", "#;
+const REST_OF_BODY: &[u8] = br#""customer": "cus_42"}"#;
+
+impl HalfSent {
+    fn start(base: &str, key: &str) -> std::io::Result<HalfSent> {
+        let mut stream = TcpStream::connect(base.trim_start_matches("http://"))?;
+        let length = HALF_BODY.len() + REST_OF_BODY.len();
+        write!(
+            stream,
+            "POST /charges HTTP/1.1\r\nHost: x\r\nAuthorization: {ALICE}\r\nIdempotency-Key: {key}\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        )?;
+        stream.write_all(HALF_BODY)?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(HalfSent {
+            stream,
+            rest: REST_OF_BODY,
+        })
+    }
+
+    /// Sends the rest; the status line and the head of the answer.
+    fn finish(mut self) -> std::io::Result<String> {
+        self.stream.write_all(self.rest)?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = self.stream.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+}
+
 /// The processor's side effects: its ledger's lines.
 fn side_effects(data: &Path) -> Result<usize, Box<dyn std::error::Error>> {
     Ok(
@@ -75,10 +119,11 @@ fn side_effects(data: &Path) -> Result<usize, Box<dyn std::error::Error>> {
 
 /// Stops a service under load with `signal`, starts another on the same data, and retries
 /// every key there.
-fn stop_under_load(signal: &str) -> TestResult {
+fn stop_under_load(signal: &'static str) -> TestResult {
     let dir = tempfile::tempdir()?;
     // A 300 ms processor: the signal lands while charges are inside their handlers.
-    let mut first = start(dir.path(), &[("EDGE_LATENCY_MS", "300")])?;
+    let first = start(dir.path(), &[("EDGE_LATENCY_MS", "300")])?;
+    let seen_addr = first.base.trim_start_matches("http://").to_owned();
     let clients = 24;
     let barrier = Arc::new(Barrier::new(clients + 1));
     let threads: Vec<_> = (0..clients)
@@ -96,11 +141,46 @@ fn stop_under_load(signal: &str) -> TestResult {
             })
         })
         .collect();
+    // Two more, admitted (their heads read) before the signal and claimed after it: their
+    // first claims are given back, 503.
+    let half_sent = [
+        (
+            "order-stop-half-1",
+            HalfSent::start(&first.base, "order-stop-half-1")?,
+        ),
+        (
+            "order-stop-half-2",
+            HalfSent::start(&first.base, "order-stop-half-2")?,
+        ),
+    ];
     barrier.wait();
     std::thread::sleep(Duration::from_millis(100));
-    let status = first.stop_with(signal)?;
-    assert!(status.success(), "a clean exit after SIG{signal}: {status}");
+    let stopping = std::thread::spawn({
+        let mut first = first;
+        move || first.stop_with(signal).map_err(|e| e.to_string())
+    });
+    // Once the listener is gone the stop has begun: then the rest of the bodies go.
+    let addr = seen_addr.clone();
+    let deadline = std::time::Instant::now() + common::service::PATIENCE;
+    while TcpStream::connect(&addr).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the listener never closed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut seen = BTreeMap::new();
+    for (key, half) in half_sent {
+        let head = half.finish()?;
+        assert!(
+            head.starts_with("HTTP/1.1 503")
+                && head.to_ascii_lowercase().contains("retry-after: 1"),
+            "{key}: claimed after the stop began, given back: {head}"
+        );
+        seen.insert(key.to_owned(), Seen::Status(503));
+    }
+    let status = stopping.join().map_err(|_| "the stopper panicked")??;
+    assert!(status.success(), "a clean exit after SIG{signal}: {status}");
     for thread in threads {
         let (key, answer) = thread.join().map_err(|_| "a client panicked")?;
         seen.insert(key, answer);
@@ -139,7 +219,7 @@ fn stop_under_load(signal: &str) -> TestResult {
     }
     assert_eq!(
         side_effects(dir.path())?,
-        clients,
+        seen.len(),
         "each key charged exactly once across both processes"
     );
     Ok(())
@@ -176,10 +256,8 @@ fn a_handler_past_the_drain_limit_is_left_in_progress_and_recovered_once() -> Te
     first.line_starting("PAUSED order-stuck-1")?;
     let status = first.stop_with("TERM")?;
     assert!(status.success(), "{status}");
-    assert_ne!(
-        client.join().map_err(|_| "a client panicked")?,
-        Seen::Created(Vec::new())
-    );
+    let seen = client.join().map_err(|_| "a client panicked")?;
+    assert!(!matches!(seen, Seen::Created(_)), "{seen:?}");
     assert_eq!(side_effects(dir.path())?, 1, "the charge was made");
 
     let second = start(

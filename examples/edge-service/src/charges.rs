@@ -293,7 +293,7 @@ pub(crate) async fn stats(
         Ok(stats) => stats.map_err(|e| e.to_string()),
         Err(e) => Err(e.to_string()),
     };
-    stats::answer(Backend::Local, viewer, stats, &app.processor)
+    stats::answer(Backend::Local, viewer, stats, &app.processor).await
 }
 
 /// The caller's charge rows (keys `tenant/...`).

@@ -263,6 +263,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let nats = setting(&args, "--nats", "EDGE_NATS", "");
             // Every instance may run one: only the one holding the outbox's lock delivers.
             let _relay = start_relay(&app.store, &nats).await?;
+            let stop = serve::Stop::install()?;
             let listener = tokio::net::TcpListener::bind(addr).await?;
             println!("listening on http://{}", listener.local_addr()?);
             println!(
@@ -270,7 +271,14 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 app.store.records_table()
             );
             let (router, drain) = pg::router(app, tokens, wait, exporter);
-            serve::serve(listener, router.merge(test_routes(hooks)), drain, limits).await?;
+            serve::serve(
+                listener,
+                router.merge(test_routes(hooks)),
+                drain,
+                limits,
+                stop,
+            )
+            .await?;
             drop(completer);
             return Ok(());
         }
@@ -319,6 +327,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let nats = setting(&args, "--nats", "EDGE_NATS", "");
     let _relay = start_relay(&store, &nats).await?;
 
+    let stop = serve::Stop::install()?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!("listening on http://{}", listener.local_addr()?);
     println!(
@@ -326,7 +335,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
         data.join("edge_service").display()
     );
     let (router, drain) = router(app, tokens, wait, exporter);
-    serve::serve(listener, router, drain, limits).await?;
+    serve::serve(listener, router, drain, limits, stop).await?;
     drop(completer);
     // What the stop leaves in the log is applied now, so the next start replays nothing.
     if let Err(e) = store.checkpoint() {
@@ -397,5 +406,5 @@ async fn start_relay<B>(store: &B, url: &str) -> Result<Option<()>, Box<dyn std:
     if url.is_empty() {
         return Ok(None);
     }
-    Err("--nats needs the edge service built with its feature nats (on by default: cargo run --release -p edge-service -- --nats URL)".into())
+    Err("--nats needs the edge service built with its feature nats (cargo run --release -p edge-service --features nats -- --nats URL)".into())
 }

@@ -215,7 +215,7 @@ async fn show(
 async fn stats(State(app): State<PgApp>, Extension(caller): Extension<Caller>) -> Response {
     let viewer = Viewer::of(&caller, |tenant| count_charges(&app, tenant)).await;
     let stats = app.store.stats().await.map_err(|e| e.to_string());
-    stats::answer(Backend::Postgres, viewer, stats, &app.processor)
+    stats::answer(Backend::Postgres, viewer, stats, &app.processor).await
 }
 
 /// The caller's charge rows (ids `tenant/...`).

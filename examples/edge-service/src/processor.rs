@@ -67,6 +67,13 @@ pub(crate) struct Processor {
     calls: Arc<Calls>,
 }
 
+/// The processor's side effects, as `/stats` shows them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SideEffects {
+    pub(crate) all: u64,
+    pub(crate) of_tenant: u64,
+}
+
 /// How often each processor API was called.
 #[derive(Debug, Default)]
 pub(crate) struct Calls {
@@ -151,7 +158,23 @@ impl Processor {
     pub(crate) async fn lookup(&self, key: &str) -> Option<ProcessorCharge> {
         self.calls.lookups.fetch_add(1, Ordering::Relaxed);
         tokio::time::sleep(self.latency).await;
-        self.caught_up().by_key.get(key).cloned()
+        let key = key.to_owned();
+        self.reading(move |ledger| ledger.by_key.get(&key).cloned())
+            .await
+            .flatten()
+    }
+
+    /// `read` on the ledger caught up with every process's appends, off the runtime's
+    /// workers: it waits for the file's lock, which another instance holds across a sync.
+    async fn reading<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Ledger) -> T + Send + 'static,
+    ) -> Option<T> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || read(&this.caught_up()))
+            .await
+            .inspect_err(|e| tracing::error!(error = %e, "reading the processor's ledger failed"))
+            .ok()
     }
 
     /// The ledger with every process's appends read: the file shared by all instances is the
@@ -178,19 +201,21 @@ impl Processor {
         )
     }
 
-    /// Charges made since the ledger was created, by any instance sharing it: the side
-    /// effects that happened.
-    pub(crate) fn side_effects(&self) -> u64 {
-        self.caught_up().by_key.len() as u64
-    }
-
-    /// Charges made for one merchant account, by any instance.
-    pub(crate) fn side_effects_of(&self, tenant: &str) -> u64 {
-        self.caught_up()
-            .by_key
-            .values()
-            .filter(|c| c.tenant == tenant)
-            .count() as u64
+    /// Charges made since the ledger was created, by any instance sharing it (the side
+    /// effects that happened), in all and for `tenant`; `None` if the ledger cannot be read.
+    pub(crate) async fn side_effects(&self, tenant: Option<&str>) -> Option<SideEffects> {
+        let tenant = tenant.map(str::to_owned);
+        self.reading(move |ledger| SideEffects {
+            all: ledger.by_key.len() as u64,
+            of_tenant: tenant.map_or(0, |tenant| {
+                ledger
+                    .by_key
+                    .values()
+                    .filter(|c| c.tenant == tenant)
+                    .count() as u64
+            }),
+        })
+        .await
     }
 }
 

@@ -12,10 +12,11 @@
 //!   before a byte is read; the ones being served are not slowed.
 //!
 //! On SIGTERM (what systemd, Kubernetes and other supervisors send) or SIGINT, the stop goes:
-//! no new connections; the idempotency layer refuses new covered requests with 503 and
-//! `Retry-After: 1` (releasing any claim made as the stop began); in-flight handlers get up to
-//! `--drain-secs` (20 s) to finish and store their responses; a handler still running then is
-//! named in the log, with its key, because its outcome is unknown and its key stays in progress.
+//! no new connections; the idempotency layer's drain begins (`idemstore::http::Drain`: new
+//! covered requests refused, their keys free); in-flight handlers get up to `--drain-secs`
+//! (20 s) to finish and store their responses; a handler still running then is named in the
+//! log, with its key, because its outcome is unknown and its key stays in progress. A second
+//! signal stops at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +45,7 @@ pub(crate) async fn serve(
     router: Router,
     drain: Drain,
     limits: Limits,
+    mut stop: Stop,
 ) -> std::io::Result<()> {
     let mut server = http1::Builder::new();
     server
@@ -51,8 +53,6 @@ pub(crate) async fn serve(
         .header_read_timeout(limits.header_timeout);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let connections = GracefulShutdown::new();
-    let stop = stop_signal();
-    tokio::pin!(stop);
     loop {
         let (stream, _peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -64,7 +64,7 @@ pub(crate) async fn serve(
                     continue;
                 }
             },
-            signal = &mut stop => {
+            signal = stop.next() => {
                 tracing::info!(signal, "stopping: no new connections or covered requests");
                 break;
             }
@@ -89,16 +89,26 @@ pub(crate) async fn serve(
     drop(listener);
     drain.start();
     let deadline = tokio::time::Instant::now() + limits.drain;
-    // Connections finish their requests in flight and close; idle ones close now.
-    if tokio::time::timeout_at(deadline, connections.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(drain = ?limits.drain, "connections were still open at the drain limit");
-    }
-    // Claimed requests run on tasks of their own: wait for those too, up to the same limit.
-    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-    match drain.finish(left).await {
+    let finished = async {
+        // Connections finish their requests in flight and close; idle ones close now.
+        if tokio::time::timeout_at(deadline, connections.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!(drain = ?limits.drain, "connections were still open at the drain limit");
+        }
+        // Claimed requests run on tasks of their own: wait for those too, up to the limit.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        drain.finish(left).await
+    };
+    let drained = tokio::select! {
+        drained = finished => drained,
+        signal = stop.next() => {
+            tracing::warn!(signal, "a second stop signal: not waiting for requests in flight");
+            return Ok(());
+        }
+    };
+    match drained {
         Drained::AllFinished => tracing::info!("every request in flight finished"),
         Drained::LimitPassed { in_progress } => {
             for scope in in_progress {
@@ -114,28 +124,40 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-/// SIGTERM or SIGINT, whichever comes first; its name.
-async fn stop_signal() -> &'static str {
+/// The stop signals, SIGTERM and SIGINT, listened for from before the service says it is
+/// listening (a signal before then would otherwise kill it outright).
+pub(crate) struct Stop {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut term), Ok(mut int)) => tokio::select! {
-                _ = term.recv() => "SIGTERM",
-                _ = int.recv() => "SIGINT",
-            },
-            _ => {
-                tracing::warn!("no signal handlers: the service stops only when killed");
-                std::future::pending().await
-            }
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Stop {
+    pub(crate) fn install() -> std::io::Result<Stop> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Stop {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Stop {})
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
+
+    /// The next stop signal's name.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            "Ctrl-C"
+        }
     }
 }

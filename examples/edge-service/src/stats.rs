@@ -59,12 +59,19 @@ impl<'a> Viewer<'a> {
 }
 
 /// What `/stats` answers, from the store's stats.
-pub(crate) fn answer(
+pub(crate) async fn answer(
     backend: Backend,
     viewer: Viewer<'_>,
     stats: Result<Stats, String>,
     processor: &Processor,
 ) -> Response {
+    let tenant = match &viewer {
+        Viewer::Tenant { tenant, .. } => Some(*tenant),
+        Viewer::Operator => None,
+    };
+    let Some(side_effects) = processor.side_effects(tenant).await else {
+        return unavailable("the processor's ledger cannot be read right now; try again shortly");
+    };
     let stats = match stats {
         Ok(stats) => stats,
         Err(e) => {
@@ -92,7 +99,7 @@ pub(crate) fn answer(
             "backend": backend.name(),
             "tenant": tenant,
             "charges": charges,
-            "processor": { "side_effects": processor.side_effects_of(tenant) },
+            "processor": { "side_effects": side_effects.of_tenant },
             "health": health,
         }))
         .into_response();
@@ -101,7 +108,7 @@ pub(crate) fn answer(
     Json(json!({
         "backend": backend.name(),
         "processor": {
-            "side_effects": processor.side_effects(),
+            "side_effects": side_effects.all,
             "charge_calls": charge_calls,
             "lookups": lookups,
         },
