@@ -119,7 +119,6 @@ mod wal;
 
 pub use api::outbox::INBOX_OPERATION;
 pub use api::{Begin, Builder, Claim, CommitError, Error, Store};
-pub use protocol::KeepAlive;
 pub use engine::{OwnedValue, ReadTx, Tx};
 #[cfg(feature = "postgres")]
 pub use error::PgOpenError;
@@ -141,6 +140,7 @@ pub use model::scope::{Scope, ScopePart};
 pub use model::stats::Stats;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgClaim, PgStore, PgTx};
+pub use protocol::KeepAlive;
 #[cfg(feature = "tokio")]
 pub use protocol::{Completer, CompleterTask, Round};
 #[cfg(feature = "tokio")]

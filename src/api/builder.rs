@@ -245,7 +245,10 @@ impl Builder {
     /// # Errors
     /// As [`Builder::open`].
     #[cfg(feature = "testing")]
-    pub fn open_simulated(self, disk: &crate::storage::sim_disk::SimDisk) -> Result<Store, OpenError> {
+    pub fn open_simulated(
+        self,
+        disk: &crate::storage::sim_disk::SimDisk,
+    ) -> Result<Store, OpenError> {
         self.open_on(|| Ok(Storage::Simulated(disk.clone())))
     }
 

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::model::invalid::InvalidSetting;
 use crate::model::clock::{Clock, SystemClock};
+use crate::model::invalid::InvalidSetting;
 use crate::model::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET, MemoryShares};
 
 /// How a group of requests is made durable before anyone hears of it.

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use crate::model::invalid::StaleReason;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
+use crate::model::invalid::StaleReason;
 use crate::model::pace::InFlight;
 use crate::model::record::{Record, RecordState, Visibility};
 use crate::model::response::Response;

@@ -4,9 +4,9 @@
 //! version byte first). Decoding never trusts lengths: a truncated or padded record is an error
 //! naming what is wrong, never a panic.
 
-use crate::model::invalid::CorruptRecord;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
+use crate::model::invalid::CorruptRecord;
 use crate::model::limits::FINGERPRINT_LEN;
 use crate::model::response::Response;
 

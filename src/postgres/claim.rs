@@ -15,13 +15,13 @@ use super::record::timestamp;
 use super::schema::IN_PROGRESS;
 use super::store::PgStore;
 use super::tx::PgTx;
-use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
 use crate::error::{ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::MAX_LEASE;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
+use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
 
 /// Ownership of a scope in a [`PgStore`], checked against its fence by every operation.
 ///
@@ -380,7 +380,15 @@ impl Lease for PgLease {
     }
 
     async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        match renew(&self.store, &self.scope, self.fence, lease, Extension::AtLeast).await? {
+        match renew(
+            &self.store,
+            &self.scope,
+            self.fence,
+            lease,
+            Extension::AtLeast,
+        )
+        .await?
+        {
             Some(until) => Ok(Renewed::Until(until)),
             // Finished or taken over: the statement does not say which.
             None => Ok(Renewed::Over(None)),

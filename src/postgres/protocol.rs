@@ -7,7 +7,6 @@ use tokio::time::Instant;
 
 use super::claim::PgClaim;
 use super::store::PgStore;
-use crate::protocol::keep_alive::KeepAlive;
 use crate::error::{ClaimError, CommitError, StoreError};
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
@@ -17,6 +16,7 @@ use crate::model::maintenance::{Abandoned, Evicted};
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
+use crate::protocol::keep_alive::KeepAlive;
 use crate::protocol::{Protocol, ProtocolClaim};
 
 /// The first poll interval of a waiter; it doubles up to [`MAX_POLL`].

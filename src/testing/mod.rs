@@ -15,11 +15,11 @@ pub mod outbox_conformance;
 pub mod postgres;
 mod workload;
 
+pub use crate::storage::sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};
 pub use crash::{
     CaseReport, CrashCase, CrashOp, Fault, REOPENS, Violation, run_case, second_faults,
 };
 pub use log_decode::{build_segment, check_log_decode};
-pub use crate::storage::sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};
 pub use workload::{Rng, workload};
 
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against
