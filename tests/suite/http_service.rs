@@ -594,8 +594,23 @@ fn metrics_are_scraped_in_prometheus_text_after_a_known_workload() -> TestResult
     let reused = service.charge(ALICE, Some("metrics-1"), &charge_body(999))?;
     assert_eq!(reused.status, 422);
 
-    let page = service.get("/metrics", "")?;
-    assert_eq!(page.status, 200, "{}", page.body);
+    // The records-by-state gauges are as of the writer's last publish to redb (Store::stats
+    // never waits for the writer), a few milliseconds behind an acknowledged commit: scrape
+    // until they have caught up, with a bound.
+    let deadline = Instant::now() + PATIENCE;
+    let page = loop {
+        let page = service.get("/metrics", "")?;
+        assert_eq!(page.status, 200, "{}", page.body);
+        if page
+            .body
+            .lines()
+            .any(|l| l == r#"idemstore_records{state="completed"} 2"#)
+            || Instant::now() > deadline
+        {
+            break page;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert!(
         page.content_type.starts_with("text/plain"),
         "{}",
