@@ -365,7 +365,6 @@ impl Lease for LeaseHandle {
 
     fn renew_blocking(&self, lease: Duration) -> Option<Result<Renewed, ClaimError>> {
         let renewed = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)
-            .map_err(ClaimError::from)
             .and_then(|request| Self::renewed(self.store.engine().run(request)?));
         Some(renewed)
     }
