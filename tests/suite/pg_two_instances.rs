@@ -8,7 +8,7 @@
 //! same shape as on the local store.
 //!
 //! The children are this test binary re-executed to run only [`service_process`], as in
-//! `tests/http_service.rs`. Lease expiry is driven by the surviving instance's manual clock
+//! `http_service`. Lease expiry is driven by the surviving instance's manual clock
 //! (a test hook); nothing sleeps to wait for a lease.
 
 use crate::common;
