@@ -149,17 +149,23 @@ fn test_routes(hooks: Hooks) -> Router {
         .with_state(hooks)
 }
 
+/// The idempotency layer both backends put on `POST /charges`, and its stop.
+fn idempotency<P: idemstore::Protocol>(store: P, wait: Duration) -> (IdempotencyLayer<P>, Drain) {
+    let layer = IdempotencyLayer::new(store)
+        .key(KeyPolicy::Required)
+        .max_body(16 * 1024)
+        .wait(wait);
+    let drain = layer.drain();
+    (layer, drain)
+}
+
 fn router(
     app: App,
     tokens: Arc<auth::Tokens>,
     wait: Duration,
     exporter: metrics::Exporter,
 ) -> (Router, Drain) {
-    let idempotency = IdempotencyLayer::new(app.store.clone())
-        .key(KeyPolicy::Required)
-        .max_body(16 * 1024)
-        .wait(wait);
-    let drain = idempotency.drain();
+    let (idempotency, drain) = idempotency(app.store.clone(), wait);
     let api = Router::new()
         .route("/charges", post(charges::create))
         .route("/charges/{id}", get(charges::show))

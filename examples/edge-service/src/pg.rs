@@ -11,7 +11,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Router, middleware};
-use idemstore::http::{Drain, IdempotencyLayer, IdempotentRequest, KeyPolicy, Tenant};
+use idemstore::http::{Drain, IdempotentRequest, Tenant};
 use idemstore::sqlx::{self, Row};
 use idemstore::{BoxError, Completer, CompleterTask, PgClaim, PgStore, Protocol, ProtocolClaim};
 
@@ -86,11 +86,7 @@ pub(crate) fn router(
     wait: Duration,
     exporter: metrics::Exporter,
 ) -> (Router, Drain) {
-    let idempotency = IdempotencyLayer::new(app.store.clone())
-        .key(KeyPolicy::Required)
-        .max_body(16 * 1024)
-        .wait(wait);
-    let drain = idempotency.drain();
+    let (idempotency, drain) = super::idempotency(app.store.clone(), wait);
     let api = Router::new()
         .route("/charges", post(create))
         .route("/charges/{id}", get(show))
