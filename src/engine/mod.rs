@@ -17,7 +17,6 @@
 //! - `registry`, `tables`, `tx`, `read_tx`, `write_set`, `open_tables`: tables and access;
 //! - `counters`, `watchers`, `sweeper`, `backoff`, `context`, `job`, `meta`: their names.
 
-mod backoff;
 mod begin;
 mod catch_up;
 mod context;

@@ -5,6 +5,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::model::backoff::spread;
+
 /// The first `Retry-After` of an outage, in seconds.
 const FIRST: u64 = 1;
 /// The longest `Retry-After`, in seconds.
@@ -37,8 +39,8 @@ impl Outage {
         }
     }
 
-    /// The store failed: how long this client should wait. About half the outage so far
-    /// (at least 1 s, at most 60 s), plus up to as much again at random.
+    /// The store failed: how long this client should wait. About the outage so far (at least
+    /// 1 s, at most 60 s), with the crate's jitter ([`spread`]) taking up to half off.
     pub(crate) fn failed(&self) -> Duration {
         let now = u64::try_from(self.origin.elapsed().as_millis())
             .unwrap_or(u64::MAX)
@@ -52,9 +54,9 @@ impl Outage {
                 Err(since) => since,
             };
         let lasted = Duration::from_millis(now.saturating_sub(since));
-        let base = (lasted.as_secs() / 2).clamp(FIRST, LONGEST);
-        let jitter = (base as f64 * crate::model::jitter::random_fraction()).round() as u64;
-        Duration::from_secs((base + jitter).min(LONGEST))
+        let base = Duration::from_secs(lasted.as_secs().clamp(2 * FIRST, LONGEST));
+        let secs = spread(base).as_secs_f64().round() as u64;
+        Duration::from_secs(secs.clamp(FIRST, LONGEST))
     }
 }
 

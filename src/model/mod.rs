@@ -2,6 +2,7 @@
 //!
 //! Nothing here does I/O or knows the engine; every other floor may import this one.
 
+pub(crate) mod backoff;
 pub(crate) mod begin;
 pub(crate) mod clock;
 pub(crate) mod config;
@@ -9,7 +10,6 @@ pub(crate) mod decision;
 pub(crate) mod execution;
 pub(crate) mod fingerprint;
 pub(crate) mod invalid;
-pub(crate) mod jitter;
 pub mod limits;
 pub(crate) mod maintenance;
 pub(crate) mod memory;

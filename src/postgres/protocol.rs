@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use super::claim::PgClaim;
 use super::store::PgStore;
 use crate::error::{ClaimError, CommitError, StoreError};
+use crate::model::backoff::Doubling;
 use crate::model::begin::Begin;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
@@ -19,10 +20,9 @@ use crate::model::stats::Stats;
 use crate::protocol::keep_alive::KeepAlive;
 use crate::protocol::{Protocol, ProtocolClaim};
 
-/// The first poll interval of a waiter; it doubles up to [`MAX_POLL`].
-const FIRST_POLL: Duration = Duration::from_millis(50);
-/// The longest a waiter goes without asking the database itself.
-const MAX_POLL: Duration = Duration::from_secs(1);
+/// A waiter's poll interval: from 50 ms, doubling up to 1 s, the longest a waiter goes
+/// without asking the database itself.
+const POLLS: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
 
 impl Protocol for PgStore {
     type Claim = PgClaim;
@@ -52,7 +52,8 @@ impl Protocol for PgStore {
             &self.inner.names.channel,
             self.inner.config.bounds,
         );
-        let mut poll = FIRST_POLL;
+        let polls = Doubling::new(POLLS.0, POLLS.1);
+        let mut round = 1u32;
         loop {
             let answer = self.begin_once(scope, fingerprint).await?;
             let Begin::InProgress { retry_after } = answer else {
@@ -69,8 +70,8 @@ impl Protocol for PgStore {
             }
             let wait = (deadline - now)
                 .min(retry_after.max(Duration::from_millis(1)))
-                .min(poll);
-            poll = (poll * 2).min(MAX_POLL);
+                .min(polls.after(round));
+            round = round.saturating_add(1);
             let woken = async {
                 loop {
                     match waiter.receiver.recv().await {

@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::error::{BoxError, StoreError};
+use crate::model::backoff::Doubling;
 use crate::model::begin::Begin;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
@@ -71,9 +72,10 @@ pub struct Completer<P: Protocol> {
     every: Duration,
     concurrency: usize,
     batch: usize,
-    backoff: (Duration, Duration),
-    /// Keys whose completion failed: when they may be tried again, and the wait after that.
-    waiting: Arc<Mutex<HashMap<Scope, (Instant, Duration)>>>,
+    backoff: Doubling,
+    /// Keys whose completion failed: when they may be tried again, and their failures in a
+    /// row.
+    waiting: Arc<Mutex<HashMap<Scope, (Instant, u32)>>>,
 }
 
 impl<P: Protocol> Clone for Completer<P> {
@@ -120,8 +122,8 @@ pub struct Round {
 
 impl<P: Protocol> Completer<P> {
     /// A completer with no operations yet; runs every 10 s, 4 completions at a time, looks at
-    /// up to 100 abandoned keys a round, and waits 10 s (doubling to 10 min) before trying a
-    /// key whose completion failed again.
+    /// up to 100 abandoned keys a round, and waits up to 10 s (doubling to 10 min) before
+    /// trying a key whose completion failed again.
     pub fn new(store: P) -> Self {
         Completer {
             store,
@@ -129,7 +131,7 @@ impl<P: Protocol> Completer<P> {
             every: Duration::from_secs(10),
             concurrency: 4,
             batch: 100,
-            backoff: (Duration::from_secs(10), Duration::from_secs(600)),
+            backoff: Doubling::new(Duration::from_secs(10), Duration::from_secs(600)),
             waiting: Arc::default(),
         }
     }
@@ -170,10 +172,10 @@ impl<P: Protocol> Completer<P> {
     }
 
     /// The wait before a key whose completion failed is tried again: `first`, doubling up to
-    /// `max`. Default 10 s to 10 min.
+    /// `max`, each wait less up to half of it at random. Default 10 s to 10 min.
     #[must_use]
     pub fn backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.backoff = (first, max.max(first));
+        self.backoff = Doubling::new(first, max);
         self
     }
 
@@ -267,10 +269,9 @@ impl<P: Protocol> Completer<P> {
         };
         round.failed += 1;
         let mut waiting = self.waiting.lock();
-        let wait = waiting
-            .get(&failed)
-            .map_or(self.backoff.0, |(_, w)| (*w * 2).min(self.backoff.1));
-        waiting.insert(failed, (Instant::now() + wait, wait));
+        let failures = waiting.get(&failed).map_or(1, |(_, n)| n.saturating_add(1));
+        let wait = self.backoff.spread_after(failures);
+        waiting.insert(failed, (Instant::now() + wait, failures));
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::model::backoff::Doubling;
+
 /// How the relay reads, retries and gives up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -92,13 +94,9 @@ impl RelayConfig {
         self
     }
 
-    /// The wait before attempt `failures + 1`: doubling from `first_backoff`, capped, with up
-    /// to half of it taken off at random so that retries of many messages spread out.
-    pub(crate) fn backoff_after(&self, failures: u32) -> Duration {
-        let doubled = self
-            .first_backoff
-            .saturating_mul(1u32 << failures.saturating_sub(1).min(20));
-        let wait = doubled.min(self.max_backoff);
-        wait.mul_f64(1.0 - 0.5 * crate::model::jitter::random_fraction())
+    /// The doubling from `first_backoff` to `max_backoff`, for a message's attempts and for
+    /// the store's.
+    pub(crate) fn retries(&self) -> Doubling {
+        Doubling::new(self.first_backoff, self.max_backoff)
     }
 }

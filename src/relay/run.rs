@@ -13,6 +13,7 @@ use super::sink::{Sink, Unavailable};
 use super::source::OutboxSource;
 use super::source::sealed::Turn;
 use crate::error::StoreError;
+use crate::model::backoff::Backoff;
 use crate::model::message::{DeadLetter, Message};
 
 /// A running relay. Dropping it stops the task after its current delivery; [`Relay::stop`]
@@ -110,7 +111,7 @@ async fn run<B: OutboxSource, S: Sink>(
     // is published): never delivered twice because of that lag.
     let mut settled: HashSet<u64> = HashSet::new();
     let mut outage = Outage::default();
-    let mut store_backoff = config.first_backoff;
+    let mut store_retry = Backoff::new(config.first_backoff, config.max_backoff);
     // What the backend needs to hold or wait for the turn (over PostgreSQL, a connection).
     let mut handle: Option<B::Handle> = None;
     while !*stopped.borrow() {
@@ -121,7 +122,7 @@ async fn run<B: OutboxSource, S: Sink>(
                 failing.clear();
                 settled.clear();
                 outage = Outage::default();
-                store_backoff = config.first_backoff;
+                store_retry.reset();
                 pause(
                     &mut stopped,
                     config.standby_poll.max(Duration::from_millis(1)),
@@ -132,8 +133,7 @@ async fn run<B: OutboxSource, S: Sink>(
             Err(e) => {
                 store_failed(&counters, &e, "taking the turn to deliver");
                 handle = None;
-                pause(&mut stopped, store_backoff).await;
-                store_backoff = (store_backoff * 2).min(config.max_backoff);
+                pause(&mut stopped, store_retry.failed()).await;
                 continue;
             }
         }
@@ -161,8 +161,7 @@ async fn run<B: OutboxSource, S: Sink>(
                 // The turn may be gone with its connection: take it again before going on.
                 store_failed(&counters, &e, "reading the outbox");
                 handle = None;
-                pause(&mut stopped, store_backoff).await;
-                store_backoff = (store_backoff * 2).min(config.max_backoff);
+                pause(&mut stopped, store_retry.failed()).await;
                 continue;
             }
         };
@@ -201,13 +200,12 @@ async fn run<B: OutboxSource, S: Sink>(
                     // Delivered but still in the outbox: delivered again later, same ids.
                     store_failed(&counters, &e, "settling delivered messages");
                     handle = None;
-                    pause(&mut stopped, store_backoff).await;
-                    store_backoff = (store_backoff * 2).min(config.max_backoff);
+                    pause(&mut stopped, store_retry.failed()).await;
                     continue;
                 }
             }
         }
-        store_backoff = config.first_backoff;
+        store_retry.reset();
         // A full batch may hide more: read again at once after progress, or when a subject
         // failed in this pass (the next read leaves it out, and reaches past it).
         if (full && (progressed || failed)) || (pass_end == PassEnd::OutOfTime && progressed) {
@@ -321,7 +319,7 @@ async fn deliver_pass<S: Sink>(
                 counters.error(format!("delivering {}: {error}", message.id));
                 Counters::add(&counters.unavailable, 1);
                 outage.attempts += 1;
-                let at = Instant::now() + config.backoff_after(outage.attempts);
+                let at = Instant::now() + config.retries().spread_after(outage.attempts);
                 outage.retry_at = Some(at);
                 pass.next_retry = Some(pass.next_retry.map_or(at, |t| t.min(at)));
                 if outage.attempts == 1 {
@@ -352,7 +350,7 @@ async fn deliver_pass<S: Sink>(
             continue;
         }
         Counters::add(&counters.retried, 1);
-        f.retry_at = Instant::now() + config.backoff_after(f.attempts);
+        f.retry_at = Instant::now() + config.retries().spread_after(f.attempts);
         pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
         pass.failed = true;
         blocked.insert(&message.subject);

@@ -53,7 +53,6 @@ use crate::wal::{
 };
 
 use super::Shared;
-use super::backoff::Backoff;
 use super::catch_up;
 use super::context::{Context, Needs};
 use super::counters::Counters;
@@ -63,6 +62,7 @@ use super::poison::PanicGuard;
 use super::replay;
 use super::restore::Reopen;
 use super::write_set::WriteSet;
+use crate::model::backoff::Backoff;
 
 /// How long an epoch waits for more work before publishing: long enough for clients that were
 /// just answered to send their next request, short enough that an idle store publishes at once.
