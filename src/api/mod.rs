@@ -10,6 +10,8 @@ mod backend;
 pub(crate) mod builder;
 pub(crate) mod claim;
 pub(crate) mod outbox;
+#[cfg(feature = "tokio")]
+mod outbox_contract;
 pub(crate) mod store;
 
 pub use any_error::Error;

@@ -36,7 +36,5 @@ pub use config::PgBuilder;
 pub use store::PgStore;
 pub use tx::PgTx;
 
-pub(crate) use outbox::Delivery;
-
 #[cfg(feature = "testing")]
 pub(crate) use schema::Names;

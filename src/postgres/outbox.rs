@@ -15,6 +15,7 @@ use super::record::timestamp;
 use super::store::PgStore;
 use crate::error::StoreError;
 use crate::model::message::{DeadLetter, Message};
+use crate::protocol::outbox::{Outbox, sealed, sealed::Turn};
 
 /// The first half of the relay lock's key (`pg_try_advisory_lock(int, int)`): "idem" in
 /// ASCII, so that the key space is the store's own; the second half is a hash of the
@@ -286,4 +287,56 @@ fn dead_letter_of(row: &PgRow) -> Result<DeadLetter, StoreError> {
         last_error: row.try_get("last_error").map_err(read)?,
         dead_at: timestamp(dead),
     })
+}
+
+impl Outbox for PgStore {
+    async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
+        PgStore::dead_letters(self, limit).await
+    }
+
+    async fn retry_dead_letter(&self, seq: u64) -> Result<Option<Message>, StoreError> {
+        PgStore::retry_dead_letter(self, seq).await
+    }
+
+    async fn drop_dead_letter(&self, seq: u64) -> Result<bool, StoreError> {
+        PgStore::drop_dead_letter(self, seq).await
+    }
+}
+
+impl sealed::Source for PgStore {
+    type Handle = Delivery;
+
+    async fn take_turn(&self, handle: &mut Option<Self::Handle>) -> Result<Turn, StoreError> {
+        let delivery = match handle {
+            Some(delivery) => delivery,
+            None => handle.insert(self.relay_connection().await?),
+        };
+        Ok(if self.hold_relay_lock(delivery).await? {
+            Turn::Ours
+        } else {
+            Turn::Theirs
+        })
+    }
+
+    async fn pending(
+        &self,
+        handle: &mut Self::Handle,
+        limit: usize,
+        skip: &[String],
+    ) -> Result<Vec<Message>, StoreError> {
+        self.pending_on(handle, limit, skip).await
+    }
+
+    async fn settle(
+        &self,
+        handle: &mut Self::Handle,
+        delivered: Vec<u64>,
+        dead: Vec<DeadLetter>,
+    ) -> Result<(), StoreError> {
+        self.settle_on(handle, delivered, dead).await
+    }
+
+    async fn end_turn(&self, handle: Self::Handle) {
+        handle.close().await;
+    }
 }

@@ -29,6 +29,8 @@ pub use crate::model::begin::Begin;
 mod completer;
 pub(crate) mod keep_alive;
 #[cfg(feature = "tokio")]
+pub(crate) mod outbox;
+#[cfg(feature = "tokio")]
 mod traits;
 
 #[cfg(feature = "tokio")]

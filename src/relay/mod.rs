@@ -3,7 +3,7 @@
 //! [`Tx::publish`](crate::Tx::publish) (or [`PgTx::publish`](crate::PgTx::publish) over
 //! PostgreSQL) records a message in the commit's own transaction; the relay, a background
 //! task next to the store, reads the outbox in commit order and hands each message to the
-//! sink. It runs over either backend ([`OutboxSource`]):
+//! sink. It runs over either backend ([`Outbox`]):
 //!
 //! - **at least once**: a message leaves the outbox only after the sink accepted it, through a
 //!   writer request; a crash in between delivers it again after the restart, with the same id;
@@ -34,7 +34,6 @@ mod counters;
 mod nats;
 mod run;
 mod sink;
-mod source;
 
 pub use self::config::RelayConfig;
 pub use self::counters::RelayStats;
@@ -42,4 +41,4 @@ pub use self::counters::RelayStats;
 pub use self::nats::JetStreamSink;
 pub use self::run::Relay;
 pub use self::sink::{Sink, Unavailable};
-pub use self::source::OutboxSource;
+pub use crate::protocol::outbox::Outbox;

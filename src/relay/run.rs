@@ -10,11 +10,11 @@ use tokio::time::Instant;
 use super::config::RelayConfig;
 use super::counters::{Counters, RelayStats};
 use super::sink::{Sink, Unavailable};
-use super::source::OutboxSource;
-use super::source::sealed::Turn;
 use crate::error::StoreError;
 use crate::model::backoff::Backoff;
 use crate::model::message::{DeadLetter, Message};
+use crate::protocol::outbox::Outbox;
+use crate::protocol::outbox::sealed::Turn;
 
 /// A running relay. Dropping it stops the task after its current delivery; [`Relay::stop`]
 /// waits for that.
@@ -61,7 +61,7 @@ impl Relay {
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn start<B: OutboxSource, S: Sink>(store: &B, sink: S, config: RelayConfig) -> Relay {
+    pub fn start<B: Outbox, S: Sink>(store: &B, sink: S, config: RelayConfig) -> Relay {
         let counters = Arc::new(Counters::default());
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(
@@ -99,7 +99,7 @@ impl Drop for Relay {
     }
 }
 
-async fn run<B: OutboxSource, S: Sink>(
+async fn run<B: Outbox, S: Sink>(
     store: B,
     sink: Arc<S>,
     config: RelayConfig,

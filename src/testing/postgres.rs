@@ -13,7 +13,6 @@ use super::outbox_conformance::{Committed, Ending, OutboxHarness};
 use crate::error::{BoxError, CommitError};
 use crate::model::clock::ManualClock;
 use crate::model::config::Sweep;
-use crate::model::message::{DeadLetter, Message};
 use crate::model::response::Response;
 use crate::postgres::{Names, PgClaim, PgStore};
 
@@ -269,25 +268,5 @@ impl OutboxHarness for Postgres {
                 Err(other) => Err(format!("the commit failed: {other}").into()),
             },
         }
-    }
-
-    async fn dead_letters(
-        &self,
-        store: &PgStore,
-        limit: usize,
-    ) -> Result<Vec<DeadLetter>, BoxError> {
-        Ok(store.dead_letters(limit).await?)
-    }
-
-    async fn retry_dead_letter(
-        &self,
-        store: &PgStore,
-        seq: u64,
-    ) -> Result<Option<Message>, BoxError> {
-        Ok(store.retry_dead_letter(seq).await?)
-    }
-
-    async fn drop_dead_letter(&self, store: &PgStore, seq: u64) -> Result<bool, BoxError> {
-        Ok(store.drop_dead_letter(seq).await?)
     }
 }

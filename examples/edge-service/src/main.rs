@@ -357,7 +357,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// `EDGE_NATS_SUBJECT_PREFIX` rename the stream and put a prefix before every subject sent
 /// (tests use their own, so that they never share a stream).
 #[cfg(feature = "nats")]
-async fn start_relay<B: idemstore::relay::OutboxSource>(
+async fn start_relay<B: idemstore::relay::Outbox>(
     store: &B,
     url: &str,
 ) -> Result<Option<idemstore::relay::Relay>, Box<dyn std::error::Error>> {

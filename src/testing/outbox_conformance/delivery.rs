@@ -145,7 +145,7 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         "the good messages went on"
     );
     assert!(poison.iter().all(|id| !sink.has(id)));
-    let dead = harness.dead_letters(&backend, 10).await?;
+    let dead = Outbox::dead_letters(&backend, 10).await?;
     let dead_ids: Vec<&str> = dead.iter().map(|d| d.message.id.as_str()).collect();
     assert_eq!(
         dead_ids,
@@ -157,14 +157,13 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         assert_eq!(letter.message.payload, b"poison");
     }
     assert_eq!(
-        harness.dead_letters(&backend, 1).await?.len(),
+        Outbox::dead_letters(&backend, 1).await?.len(),
         1,
         "the limit"
     );
 
     sink.poison_cured.store(true, Ordering::SeqCst);
-    let requeued = harness
-        .retry_dead_letter(&backend, dead[0].message.seq)
+    let requeued = Outbox::retry_dead_letter(&backend, dead[0].message.seq)
         .await?
         .ok_or("no dead letter to retry")?;
     assert_eq!(requeued.id, dead[0].message.id, "the id survives a retry");
@@ -174,20 +173,13 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         Ok(sink.has(&id))
     })
     .await?;
+    assert!(Outbox::drop_dead_letter(&backend, dead[1].message.seq).await?);
     assert!(
-        harness
-            .drop_dead_letter(&backend, dead[1].message.seq)
-            .await?
-    );
-    assert!(
-        !harness
-            .drop_dead_letter(&backend, dead[1].message.seq)
-            .await?,
+        !Outbox::drop_dead_letter(&backend, dead[1].message.seq).await?,
         "already dropped"
     );
     assert!(
-        harness
-            .retry_dead_letter(&backend, dead[0].message.seq)
+        Outbox::retry_dead_letter(&backend, dead[0].message.seq)
             .await?
             .is_none(),
         "already retried"

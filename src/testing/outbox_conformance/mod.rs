@@ -35,11 +35,11 @@ use crate::error::{BoxError, CommitError};
 use crate::model::clock::{Clock, ManualClock, Timestamp};
 use crate::model::config::Sweep;
 use crate::model::fingerprint::Fingerprint;
-use crate::model::message::{DeadLetter, Message};
+use crate::model::message::Message;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
-use crate::relay::{OutboxSource, Relay, RelayConfig, Sink};
+use crate::relay::{Outbox, Relay, RelayConfig, Sink};
 
 mod delivery;
 mod messages;
@@ -70,10 +70,10 @@ pub enum Committed {
 }
 
 /// Opens backends for the outbox suite and does, per backend, what the protocol traits do
-/// not cover: a commit that publishes, the dead letters, and opening the same data again.
+/// not cover: a commit that publishes, and opening the same data again.
 pub trait OutboxHarness: Send + Sync {
     /// The backend under test.
-    type Backend: Protocol + OutboxSource;
+    type Backend: Protocol + Outbox;
     /// Where a backend's data lives (a directory, a table prefix).
     type Place: Send + Sync;
 
@@ -96,27 +96,6 @@ pub trait OutboxHarness: Send + Sync {
         messages: Vec<(String, Vec<u8>)>,
         ending: Ending,
     ) -> impl Future<Output = Result<Committed, BoxError>> + Send;
-
-    /// Up to `limit` dead letters, oldest first.
-    fn dead_letters(
-        &self,
-        backend: &Self::Backend,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<DeadLetter>, BoxError>> + Send;
-
-    /// Puts a dead letter back at the end of the outbox.
-    fn retry_dead_letter(
-        &self,
-        backend: &Self::Backend,
-        seq: u64,
-    ) -> impl Future<Output = Result<Option<Message>, BoxError>> + Send;
-
-    /// Deletes a dead letter; whether there was one.
-    fn drop_dead_letter(
-        &self,
-        backend: &Self::Backend,
-        seq: u64,
-    ) -> impl Future<Output = Result<bool, BoxError>> + Send;
 }
 
 impl OutboxHarness for Local {
@@ -165,22 +144,6 @@ impl OutboxHarness for Local {
             Err(CommitError::Aborted { .. }) if ending == Ending::Fail => Ok(Committed::RolledBack),
             Err(other) => Err(format!("the commit failed: {other}").into()),
         }
-    }
-
-    async fn dead_letters(&self, store: &Store, limit: usize) -> Result<Vec<DeadLetter>, BoxError> {
-        Ok(store.dead_letters(limit)?)
-    }
-
-    async fn retry_dead_letter(
-        &self,
-        store: &Store,
-        seq: u64,
-    ) -> Result<Option<Message>, BoxError> {
-        Ok(store.retry_dead_letter(seq)?)
-    }
-
-    async fn drop_dead_letter(&self, store: &Store, seq: u64) -> Result<bool, BoxError> {
-        Ok(store.drop_dead_letter(seq)?)
     }
 }
 
