@@ -17,7 +17,7 @@ use crate::protocol::keep_alive::KeepAlive;
 use crate::protocol::{Protocol, ProtocolClaim};
 
 /// Runs blocking reads off the runtime's workers.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     tokio::task::spawn_blocking(work)

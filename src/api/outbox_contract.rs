@@ -1,6 +1,7 @@
 //! The local store's side of the outbox contract ([`Outbox`]): what the relay reads and
 //! settles, and the dead letters, on tokio (the blocking reads on its blocking pool).
 
+use crate::api::backend::blocking;
 use crate::api::store::Store;
 use crate::engine::request;
 use crate::error::StoreError;
@@ -10,11 +11,7 @@ use crate::protocol::outbox::{Outbox, sealed, sealed::Turn};
 impl Outbox for Store {
     async fn dead_letters(&self, limit: usize) -> Result<Vec<DeadLetter>, StoreError> {
         let store = self.clone();
-        blocking(
-            move || store.engine().dead_letters(limit),
-            "reading the dead letters",
-        )
-        .await
+        blocking(move || store.engine().dead_letters(limit)).await
     }
 
     async fn retry_dead_letter(&self, seq: u64) -> Result<Option<Message>, StoreError> {
@@ -32,20 +29,6 @@ impl Outbox for Store {
     }
 }
 
-/// Runs a read of the store on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
-    read: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-    doing: &str,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(read)
-        .await
-        .unwrap_or_else(|join| {
-            Err(StoreError::Internal {
-                message: format!("{doing} failed to run: {join}"),
-            })
-        })
-}
-
 impl sealed::Source for Store {
     type Handle = ();
 
@@ -61,11 +44,7 @@ impl sealed::Source for Store {
         skip: &[String],
     ) -> Result<Vec<Message>, StoreError> {
         let (store, skip) = (self.clone(), skip.to_vec());
-        blocking(
-            move || store.engine().pending_messages(None, limit, &skip),
-            "reading the outbox",
-        )
-        .await
+        blocking(move || store.engine().pending_messages(None, limit, &skip)).await
     }
 
     async fn settle(
