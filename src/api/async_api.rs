@@ -125,7 +125,7 @@ impl Claim {
             .engine()
             .run_async(self.commit_request(work))
             .await;
-        let _entered = self.span("commit").entered();
+        let _entered = self.holding.span("commit").entered();
         self.committed(answer, started)
     }
 
@@ -154,7 +154,7 @@ impl Claim {
         let request = self.extend_request(lease)?;
         let answer = self.store().engine().run_async(request).await;
         let until = self.refused(answer)?;
-        self.set_lease_until(until);
+        self.holding.extended(until);
         Ok(())
     }
 
@@ -167,7 +167,7 @@ impl Claim {
         let request = self.checkpoint_request(bytes.clone())?;
         let answer = self.store().engine().run_async(request).await;
         self.refused(answer)?;
-        self.set_checkpoint(bytes);
+        self.holding.checkpointed(bytes);
         Ok(())
     }
 }

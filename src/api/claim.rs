@@ -2,18 +2,18 @@
 //! requests for its scope and fence and maps their answers to errors.
 
 use std::fmt;
-use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::api::store::Store;
-use crate::engine::{CommitRefusal, Extension, Held, Refusal, Request, Tx, UserFailure, request};
+use crate::engine::{CommitRefusal, Held, HoldToken, Refusal, Request, Tx, UserFailure, request};
 use crate::error::{BoxError, ClaimError, StaleClaim, StaleReason, StoreError};
+use crate::model::claim::Extension;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
-use crate::model::limits::MAX_LEASE;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
-use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
+use crate::protocol::claim::{Holding, check_checkpoint, check_lease};
+use crate::protocol::keep_alive::{KeepAlive, Renew, Renewed};
 
 /// The outcome of [`Store::begin`]: see [`Begin`](enum@crate::model::begin::Begin) for each case. The
 /// default claim is the local store's.
@@ -33,21 +33,14 @@ pub type CommitError<C = Claim> = crate::error::CommitError<C>;
 #[must_use = "an unfinished claim holds its key until the lease expires"]
 pub struct Claim {
     store: Store,
-    scope: Scope,
-    fingerprint: Fingerprint,
-    held: Held,
-    /// Alive as long as the claim: a [`KeepAlive`](crate::KeepAlive) stops once it is gone.
-    alive: Arc<()>,
+    pub(super) holding: Holding,
+    /// Counts the claim as its scope's holder for `begin_or_wait`; its drop wakes the waiters.
+    _hold: HoldToken,
 }
 
 impl fmt::Debug for Claim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Claim")
-            .field("scope", &self.scope)
-            .field("fence", &self.held.fence)
-            .field("attempt", &self.held.attempt)
-            .field("lease_until", &self.held.lease_until)
-            .finish()
+        self.holding.debug("Claim", f)
     }
 }
 
@@ -55,42 +48,40 @@ impl Claim {
     pub(crate) fn new(store: Store, scope: Scope, fingerprint: Fingerprint, held: Held) -> Self {
         Claim {
             store,
-            scope,
-            fingerprint,
-            held,
-            alive: Arc::new(()),
+            holding: Holding::new(scope, fingerprint, held.grant),
+            _hold: held.hold,
         }
     }
 
     /// The scope this claim holds.
     pub fn scope(&self) -> &Scope {
-        &self.scope
+        self.holding.scope()
     }
 
     /// The fingerprint of the request that made the claim.
     pub fn fingerprint(&self) -> Fingerprint {
-        self.fingerprint
+        self.holding.fingerprint()
     }
 
     /// The fence: new on every claim and take-over, never repeated in this store.
     pub fn fence(&self) -> u64 {
-        self.held.fence
+        self.holding.fence()
     }
 
     /// 1 for a fresh claim; n + 1 when taking over from attempt n.
     pub fn attempt(&self) -> u32 {
-        self.held.attempt
+        self.holding.attempt()
     }
 
     /// When this claim's lease ends (by the store's clock).
     pub fn lease_until(&self) -> Timestamp {
-        self.held.lease_until
+        self.holding.lease_until()
     }
 
     /// The latest checkpoint stored for this scope: the previous attempt's when recovered, then
     /// this claim's own once it calls [`Claim::checkpoint`].
     pub fn last_checkpoint(&self) -> Option<&[u8]> {
-        self.held.checkpoint.as_deref()
+        self.holding.last_checkpoint()
     }
 
     /// An idempotency key to pass to downstream APIs (a payment processor, a mail service).
@@ -100,7 +91,7 @@ impl Claim {
     /// release or once the TTL passed, because those start a new operation. 32 lowercase hex
     /// characters, derived from the scope and the first attempt's fence.
     pub fn downstream_key(&self) -> String {
-        self.scope.downstream_key(self.held.origin_fence)
+        self.holding.downstream_key()
     }
 
     /// Runs `work` inside the store's writer transaction and stores its response as the
@@ -120,7 +111,7 @@ impl Claim {
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
         let started = std::time::Instant::now();
-        let span = self.span("commit");
+        let span = self.holding.span("commit");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.commit_request(work));
         self.committed(answer, started)
@@ -132,7 +123,7 @@ impl Claim {
     /// # Errors
     /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
     pub fn release(self) -> Result<(), ClaimError> {
-        let span = self.span("release");
+        let span = self.holding.span("release");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.release_request());
         let released = self.refused(answer);
@@ -148,11 +139,12 @@ impl Claim {
     /// [`ClaimError::InvalidLease`] for zero or more than 7 days; [`ClaimError::Stale`] if
     /// another attempt holds the scope; storage errors.
     pub fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
-        let span = self.span("extend");
+        let span = self.holding.span("extend");
         let _entered = span.enter();
-        let request = extend_request(&self.scope, self.held.fence, lease, Extension::Exactly)?;
+        let request = self.extend_request(lease)?;
         let answer = self.store.engine().run(request);
-        self.held.lease_until = self.refused(answer)?;
+        let until = self.refused(answer)?;
+        self.holding.extended(until);
         Ok(())
     }
 
@@ -164,13 +156,13 @@ impl Claim {
     /// [`ClaimError::CheckpointTooLarge`] over `Builder::max_checkpoint_bytes`;
     /// [`ClaimError::Stale`] if another attempt holds the scope; storage errors.
     pub fn checkpoint(&mut self, bytes: impl Into<Vec<u8>>) -> Result<(), ClaimError> {
-        let span = self.span("checkpoint");
+        let span = self.holding.span("checkpoint");
         let _entered = span.enter();
         let bytes = bytes.into();
         let request = self.checkpoint_request(bytes.clone())?;
         let answer = self.store.engine().run(request);
         self.refused(answer)?;
-        self.held.checkpoint = Some(bytes);
+        self.holding.checkpointed(bytes);
         Ok(())
     }
 
@@ -179,22 +171,12 @@ impl Claim {
         &self.store
     }
 
-    #[cfg(feature = "tokio")]
-    pub(crate) fn set_lease_until(&mut self, until: Timestamp) {
-        self.held.lease_until = until;
-    }
-
-    #[cfg(feature = "tokio")]
-    pub(crate) fn set_checkpoint(&mut self, bytes: Vec<u8>) {
-        self.held.checkpoint = Some(bytes);
-    }
-
     /// The engine's request for `commit`.
     pub(crate) fn commit_request<F>(&self, work: F) -> Request<Result<Response, CommitRefusal>>
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
-        request::commit(self.scope.clone(), self.held.fence, Box::new(work))
+        request::commit(self.scope().clone(), self.fence(), Box::new(work))
     }
 
     /// `commit`'s answer, with the claim handed back when it is still held.
@@ -206,8 +188,8 @@ impl Claim {
         let refusal = match answer {
             Ok(Ok(response)) => {
                 self.store.engine().committed(
-                    self.scope.operation(),
-                    self.held.claimed_at,
+                    self.scope().operation(),
+                    self.holding.claimed_at(),
                     started.elapsed(),
                 );
                 tracing::debug!(status = response.status(), "committed");
@@ -234,16 +216,21 @@ impl Claim {
 
     /// The engine's request for `release`.
     pub(crate) fn release_request(&self) -> Request<Result<(), Refusal>> {
-        request::release(self.scope.clone(), self.held.fence)
+        request::release(self.scope().clone(), self.fence())
     }
 
     /// The engine's request for `extend`, after checking the lease.
-    #[cfg(feature = "tokio")]
     pub(crate) fn extend_request(
         &self,
         lease: Duration,
     ) -> Result<Request<Result<Timestamp, Refusal>>, ClaimError> {
-        extend_request(&self.scope, self.held.fence, lease, Extension::Exactly)
+        check_lease(lease)?;
+        Ok(request::extend(
+            self.scope().clone(),
+            self.fence(),
+            lease,
+            Extension::Exactly,
+        ))
     }
 
     /// The engine's request for `checkpoint`, after checking the size.
@@ -251,46 +238,17 @@ impl Claim {
         &self,
         bytes: Vec<u8>,
     ) -> Result<Request<Result<(), Refusal>>, ClaimError> {
-        let max = self.store.limits().max_checkpoint_bytes;
-        if bytes.len() > max {
-            return Err(ClaimError::CheckpointTooLarge {
-                len: bytes.len(),
-                max,
-            });
-        }
+        check_checkpoint(&bytes, self.store.limits().max_checkpoint_bytes)?;
         Ok(request::checkpoint(
-            self.scope.clone(),
-            self.held.fence,
+            self.scope().clone(),
+            self.fence(),
             bytes,
         ))
     }
 
-    /// What renews this claim's lease from beside its holder (a heartbeat), without the claim.
-    pub(crate) fn lease_handle(&self) -> LeaseHandle {
-        LeaseHandle {
-            store: self.store.clone(),
-            scope: self.scope.clone(),
-            fence: self.held.fence,
-            claim: Arc::downgrade(&self.alive),
-        }
-    }
-
     fn stale(&self, reason: StaleReason) -> StaleClaim {
-        self.store
-            .engine()
-            .stale(&self.scope, self.held.fence, reason)
-    }
-
-    /// A span for an operation (`commit`, `release`, ...) on this claim.
-    pub(crate) fn span(&self, op: &'static str) -> tracing::Span {
-        tracing::debug_span!(
-            "idemstore.claim",
-            op,
-            tenant = self.scope.tenant(),
-            operation = self.scope.operation(),
-            key = self.scope.key(),
-            fence = self.held.fence
-        )
+        self.store.engine().stale();
+        self.holding.stale(reason)
     }
 
     /// A fence-checked operation's answer as the caller sees it.
@@ -306,67 +264,44 @@ impl Claim {
     }
 }
 
-/// The engine's request for an extension of the claim `(scope, fence)`, after checking the
-/// lease.
-fn extend_request(
-    scope: &Scope,
-    fence: u64,
-    lease: Duration,
-    extension: Extension,
-) -> Result<Request<Result<Timestamp, Refusal>>, ClaimError> {
-    if lease.is_zero() || lease > MAX_LEASE {
-        return Err(ClaimError::InvalidLease {
-            requested_ms: lease.as_millis(),
-            max_ms: MAX_LEASE.as_millis(),
-        });
-    }
-    Ok(request::extend(scope.clone(), fence, lease, extension))
-}
-
-/// Renews a claim's lease from beside its holder, without the claim itself: a heartbeat runs
-/// while the holder works, and stops when the claim is finished or dropped.
-#[derive(Debug, Clone)]
-pub(crate) struct LeaseHandle {
-    store: Store,
-    scope: Scope,
-    fence: u64,
-    /// Gone once the claim is (committed, released, or dropped).
-    claim: Weak<()>,
-}
-
-impl LeaseHandle {
-    fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
-        match answer {
-            Ok(until) => Ok(Renewed::Until(until)),
-            Err(Refusal::Stale(reason)) => Ok(Renewed::Over(Some(reason))),
-            Err(Refusal::Store(e)) => Err(e.into()),
-        }
-    }
-}
-
-impl Lease for LeaseHandle {
+impl Renew for Store {
     fn lease(&self) -> Duration {
-        self.store.limits().lease
-    }
-
-    fn scope(&self) -> &Scope {
-        &self.scope
-    }
-
-    fn claim_dropped(&self) -> bool {
-        self.claim.strong_count() == 0
+        self.limits().lease
     }
 
     #[cfg(feature = "tokio")]
-    async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        let request = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)?;
-        Self::renewed(self.store.engine().run_async(request).await?)
+    async fn renew(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<Renewed, ClaimError> {
+        let request = request::extend(scope.clone(), fence, lease, Extension::AtLeast);
+        renewed(self.engine().run_async(request).await?)
     }
 
-    fn renew_blocking(&self, lease: Duration) -> Option<Result<Renewed, ClaimError>> {
-        let renewed = extend_request(&self.scope, self.fence, lease, Extension::AtLeast)
-            .and_then(|request| Self::renewed(self.store.engine().run(request)?));
-        Some(renewed)
+    fn renew_blocking(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+    ) -> Option<Result<Renewed, ClaimError>> {
+        let request = request::extend(scope.clone(), fence, lease, Extension::AtLeast);
+        Some(
+            self.engine()
+                .run(request)
+                .map_err(ClaimError::from)
+                .and_then(renewed),
+        )
+    }
+}
+
+/// A renewal's answer as the keep-alive sees it.
+fn renewed(answer: Result<Timestamp, Refusal>) -> Result<Renewed, ClaimError> {
+    match answer {
+        Ok(until) => Ok(Renewed::Until(until)),
+        Err(Refusal::Stale(reason)) => Ok(Renewed::Over(Some(reason))),
+        Err(Refusal::Store(e)) => Err(e.into()),
     }
 }
 
@@ -374,6 +309,6 @@ impl Claim {
     /// Keeps this claim's lease from running out while the holder works: see [`KeepAlive`].
     /// The claim stays the caller's to commit or release.
     pub fn keep_alive(&self) -> KeepAlive {
-        KeepAlive::start(self.lease_handle())
+        self.holding.keep_alive(self.store.clone())
     }
 }

@@ -301,7 +301,11 @@ impl Engine {
         let outcome = answer.outcome();
         match &answer {
             Begin::Claimed(held) | Begin::Recovered(held) => {
-                tracing::debug!(outcome, fence = held.fence, attempt = held.attempt);
+                tracing::debug!(
+                    outcome,
+                    fence = held.grant.fence,
+                    attempt = held.grant.attempt
+                );
             }
             Begin::Replay(response) => tracing::debug!(outcome, status = response.status()),
             Begin::InProgress { retry_after } => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use crate::error::{BoxError, ExecuteError, ResponseError, StaleReason, StoreError};
 use crate::model::begin::Begin;
+use crate::model::claim::{Extension, Grant};
 use crate::model::clock::Timestamp;
 use crate::model::decision::{self, Decision};
 use crate::model::fingerprint::Fingerprint;
@@ -29,38 +30,32 @@ use super::watchers::HoldToken;
 /// What the writer holds for a claim it granted.
 #[derive(Debug)]
 pub(crate) struct Held {
-    pub(crate) fence: u64,
-    pub(crate) origin_fence: u64,
-    pub(crate) attempt: u32,
-    pub(crate) lease_until: Timestamp,
-    pub(crate) checkpoint: Option<Vec<u8>>,
-    /// When this attempt was granted (by the store's clock): the start of the claim-to-
-    /// completion time its commit adds to the operation's pace.
-    pub(crate) claimed_at: Timestamp,
+    pub(crate) grant: Grant,
     /// Counts the claim as a holder of its scope for `begin_or_wait`, from the writer on;
     /// kept for its drop, which wakes the scope's waiters.
-    _hold: HoldToken,
+    pub(crate) hold: HoldToken,
 }
 
 impl Held {
     fn of(record: &Record, claimed_at: Timestamp, hold: HoldToken) -> Self {
-        let (lease_until, checkpoint) = match &record.state {
-            RecordState::InProgress {
-                lease_until,
-                checkpoint,
-            } => (*lease_until, checkpoint.clone()),
-            RecordState::Completed { .. } | RecordState::Tombstone { .. } => {
-                (Timestamp::default(), None)
-            }
+        let RecordState::InProgress {
+            lease_until,
+            checkpoint,
+        } = &record.state
+        else {
+            unreachable!("a claim is granted on the in-progress record it wrote");
         };
-        Held {
+        let grant = Grant {
             fence: record.fence,
             origin_fence: record.origin_fence,
             attempt: record.attempt,
-            lease_until,
-            checkpoint,
+            lease_until: *lease_until,
             claimed_at,
-            _hold: hold,
+            checkpoint: checkpoint.clone(),
+        };
+        Held {
+            grant: grant.checked(),
+            hold,
         }
     }
 }
@@ -207,21 +202,21 @@ struct Granted {
     previous: Option<Record>,
     /// The in-progress record of the new claim, with its fence allocated.
     record: Record,
-    kind: Grant,
+    kind: AttemptKind,
 }
 
 /// Whether a granted claim is a first attempt or a recovery.
 #[derive(Debug, Clone, Copy)]
-enum Grant {
+enum AttemptKind {
     First,
     TakeOver,
 }
 
-impl Grant {
+impl AttemptKind {
     fn answer<C>(self, claim: C) -> Begin<C> {
         match self {
-            Grant::First => Begin::Claimed(claim),
-            Grant::TakeOver => Begin::Recovered(claim),
+            AttemptKind::First => Begin::Claimed(claim),
+            AttemptKind::TakeOver => Begin::Recovered(claim),
         }
     }
 }
@@ -245,12 +240,12 @@ fn grant<C>(
         Decision::Claim => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
-            (record, Grant::First)
+            (record, AttemptKind::First)
         }
         Decision::TakeOver(previous) => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::taken_over(previous, fence, ctx.now, ctx.config.lease);
-            (record, Grant::TakeOver)
+            (record, AttemptKind::TakeOver)
         }
         other => {
             return Begin::without_writing(other, ctx.pace, scope.operation())
@@ -356,26 +351,13 @@ pub(crate) fn extend(
     lease: Duration,
     extension: Extension,
 ) -> (Keep, Result<Timestamp, Refusal>) {
-    let wanted = ctx.now.saturating_add(lease);
-    let mut until = wanted;
+    let now = ctx.now;
+    let mut until = now;
     update_in_progress(tx, ctx, scope, fence, |lease_until, _| {
-        until = match extension {
-            Extension::Exactly => wanted,
-            Extension::AtLeast => (*lease_until).max(wanted),
-        };
+        until = extension.lease_end(*lease_until, now, lease);
         *lease_until = until;
     })
     .map_or_else(|r| (Keep::Nothing, Err(r)), |()| (Keep::Writes, Ok(until)))
-}
-
-/// How an extension moves the end of a lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Extension {
-    /// To exactly `lease` from now, even if that is sooner (`Claim::extend`: the caller says).
-    Exactly,
-    /// To `lease` from now unless it already ends later (a heartbeat never shortens a lease
-    /// the holder extended itself).
-    AtLeast,
 }
 
 /// `checkpoint`: store progress for a later attempt to read.

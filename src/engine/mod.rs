@@ -44,13 +44,12 @@ mod watchers;
 mod write_set;
 mod writer;
 
-pub(crate) use self::lifecycle::{
-    CommitRefusal, Extension, ForgetRefusal, Held, Refusal, UserFailure,
-};
+pub(crate) use self::lifecycle::{CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure};
 pub use self::read_tx::ReadTx;
 pub(crate) use self::requests::Request;
 pub(crate) use self::tables::Tables;
 pub use self::tx::{OwnedValue, Tx};
+pub(crate) use self::watchers::HoldToken;
 
 /// The store's table names, meta keys and index key layout, for reading a store's file
 /// without an engine (`inspect`, feature `cli`): the layout is documented in `docs/design.md`
@@ -262,27 +261,9 @@ impl Engine {
         self.shared.counters.released();
     }
 
-    /// Counts a refusal of a stale claim and says so in the log; the error to return.
-    pub(crate) fn stale(
-        &self,
-        scope: &crate::model::scope::Scope,
-        fence: u64,
-        reason: crate::error::StaleReason,
-    ) -> crate::error::StaleClaim {
+    /// Counts a refusal of a stale claim.
+    pub(crate) fn stale(&self) {
         self.shared.counters.stale();
-        tracing::warn!(
-            tenant = scope.tenant(),
-            operation = scope.operation(),
-            key = scope.key(),
-            fence,
-            %reason,
-            "refused a stale claim"
-        );
-        crate::error::StaleClaim {
-            scope: scope.clone(),
-            fence,
-            reason,
-        }
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
+use crate::model::claim::Extension;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::maintenance::{Evicted, Forget};
@@ -15,9 +16,7 @@ use crate::model::scope::Scope;
 
 use super::context::{Context, Needs};
 use super::job::{JobKind, Keep, Work};
-use super::lifecycle::{
-    self, CommitRefusal, Extension, ForgetRefusal, Held, Refusal, UserFailure, UserWork,
-};
+use super::lifecycle::{self, CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure, UserWork};
 use super::tx::Tx;
 
 /// One write for the writer's next group, answered with an `R` once the group is durable.

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::model::claim::{Phase, check_holder};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::invalid::StaleReason;
@@ -135,21 +136,17 @@ pub(crate) fn completed(
 }
 
 /// Checks that the holder of `fence` still holds the scope: the record exists, is in progress
-/// and carries that fence. An expired lease that nobody took over is still held: the fence, not
-/// the clock, decides who may finish.
+/// and carries that fence ([`check_holder`]).
 pub(crate) fn check_fence(existing: Option<&Record>, fence: u64) -> Result<&Record, StaleReason> {
-    let record = existing.ok_or(StaleReason::Gone)?;
-    if record.fence != fence {
-        return Err(StaleReason::TakenOver {
-            current_fence: record.fence,
-        });
-    }
-    match record.state {
-        RecordState::InProgress { .. } => Ok(record),
-        RecordState::Completed { .. } | RecordState::Tombstone { .. } => {
-            Err(StaleReason::AlreadyCompleted)
-        }
-    }
+    let stored = existing.map(|record| {
+        let phase = match record.state {
+            RecordState::InProgress { .. } => Phase::InProgress,
+            RecordState::Completed { .. } | RecordState::Tombstone { .. } => Phase::Finished,
+        };
+        (record.fence, phase)
+    });
+    check_holder(stored, fence)?;
+    existing.ok_or(StaleReason::Gone)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 pub(crate) mod backoff;
 pub(crate) mod begin;
+pub(crate) mod claim;
 pub(crate) mod clock;
 pub(crate) mod config;
 pub(crate) mod decision;

@@ -2,7 +2,6 @@
 //! statement whose `WHERE` names the claim's fence; no row changed means the claim is stale.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
@@ -16,12 +15,13 @@ use super::schema::IN_PROGRESS;
 use super::store::PgStore;
 use super::tx::PgTx;
 use crate::error::{ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
+use crate::model::claim::{Extension, Grant, Phase, check_holder};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
-use crate::model::limits::MAX_LEASE;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
-use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
+use crate::protocol::claim::{Holding, check_checkpoint, check_lease};
+use crate::protocol::keep_alive::{Renew, Renewed};
 
 /// Ownership of a scope in a [`PgStore`], checked against its fence by every operation.
 ///
@@ -31,38 +31,13 @@ use crate::protocol::keep_alive::{KeepAlive, Lease, Renewed};
 /// until its lease ends, and the next attempt recovers it.
 pub struct PgClaim {
     pub(crate) store: PgStore,
-    pub(crate) scope: Scope,
-    fingerprint: Fingerprint,
-    pub(crate) fence: u64,
-    origin_fence: u64,
-    attempt: u32,
-    lease_until: Timestamp,
-    /// When this attempt was granted, by the database's clock (or the injected one): the
-    /// start of the claim-to-completion time its completion adds to the operation's pace.
-    claimed_at: Timestamp,
-    checkpoint: Option<Vec<u8>>,
-    /// Held while the claim lives; a keep-alive stops when it cannot upgrade its weak copy.
-    alive: Arc<()>,
+    pub(crate) holding: Holding,
 }
 
 impl fmt::Debug for PgClaim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PgClaim")
-            .field("scope", &self.scope)
-            .field("fence", &self.fence)
-            .field("attempt", &self.attempt)
-            .field("lease_until", &self.lease_until)
-            .finish_non_exhaustive()
+        self.holding.debug("PgClaim", f)
     }
-}
-
-/// How an extension moves the end of the lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Extension {
-    /// Exactly `lease` from now (the holder says so, even if sooner).
-    Exactly,
-    /// `lease` from now unless it already ends later (a heartbeat).
-    AtLeast,
 }
 
 impl PgClaim {
@@ -74,29 +49,34 @@ impl PgClaim {
         row: &PgRow,
     ) -> Result<Self, StoreError> {
         let read = |e: sqlx::Error| backend("read the claim", &e);
-        let fence: i64 = row.try_get("fence").map_err(read)?;
-        let origin_fence: i64 = row.try_get("origin_fence").map_err(read)?;
+        let number =
+            |what: &str, value: i64| u64::try_from(value).map_err(|_| unknown_value(what, value));
+        let fence = number("fence", row.try_get("fence").map_err(read)?)?;
+        let origin_fence = number("origin fence", row.try_get("origin_fence").map_err(read)?)?;
         let attempt: i32 = row.try_get("attempt").map_err(read)?;
+        let attempt =
+            u32::try_from(attempt).map_err(|_| unknown_value("attempt", attempt.into()))?;
         let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
         let lease_until = lease_until.unwrap_or(0);
         // The claim set its lease to its statement's `now` plus this lease, to the millisecond.
         let claimed_at = lease_until.saturating_sub(duration_i64(store.inner.config.lease));
-        Ok(PgClaim {
-            store,
-            scope,
-            fingerprint,
-            fence: u64::try_from(fence).unwrap_or(0),
-            origin_fence: u64::try_from(origin_fence).unwrap_or(0),
-            attempt: u32::try_from(attempt).unwrap_or(0),
+        let grant = Grant {
+            fence,
+            origin_fence,
+            attempt,
             lease_until: timestamp(lease_until),
             claimed_at: timestamp(claimed_at),
             checkpoint: row.try_get("checkpoint").map_err(read)?,
-            alive: Arc::new(()),
+        };
+        if let Some(broken) = grant.invalid() {
+            return Err(StoreError::Backend {
+                message: format!("the claim's row for {scope} is not one a claim writes ({broken}): is the table ours?").into(),
+            });
+        }
+        Ok(PgClaim {
+            store,
+            holding: Holding::new(scope, fingerprint, grant),
         })
-    }
-
-    pub(crate) fn attempt_number(&self) -> u32 {
-        self.attempt
     }
 
     /// Opens the PostgreSQL transaction the business SQL and the completion run in: see
@@ -118,40 +98,35 @@ impl PgClaim {
             self.store.call_limit(),
             "read the holder",
             sqlx::query(AssertSqlSafe(inner.sql.holder.clone()))
-                .bind(self.scope.tenant())
-                .bind(self.scope.operation())
-                .bind(self.scope.key())
+                .bind(self.scope().tenant())
+                .bind(self.scope().operation())
+                .bind(self.scope().key())
                 .fetch_optional(&inner.pool),
         )
         .await?;
         let read = |e: sqlx::Error| backend("read the holder", &e);
-        let reason = match row {
-            None => StaleReason::Gone,
+        let stored = match row {
+            None => None,
             Some(row) => {
                 let fence: i64 = row.try_get("fence").map_err(read)?;
                 let state: i16 = row.try_get("state").map_err(read)?;
-                let fence = u64::try_from(fence).unwrap_or(0);
-                if fence != self.fence {
-                    StaleReason::TakenOver {
-                        current_fence: fence,
-                    }
-                } else if state != IN_PROGRESS {
-                    StaleReason::AlreadyCompleted
+                let phase = if state == IN_PROGRESS {
+                    Phase::InProgress
                 } else {
-                    // The statement missed a record that holds: only a race with a change
-                    // that was undone could do this; report it as taken over by itself.
-                    StaleReason::TakenOver {
-                        current_fence: fence,
-                    }
-                }
+                    Phase::Finished
+                };
+                Some((u64::try_from(fence).unwrap_or(0), phase))
             }
         };
+        // Held after all: the statement missed a record that holds, which only a race with a
+        // change that was undone could do; report it as taken over by itself.
+        let reason = check_holder(stored, self.fence())
+            .err()
+            .unwrap_or(StaleReason::TakenOver {
+                current_fence: self.fence(),
+            });
         inner.counters.stale();
-        Ok(StaleClaim {
-            scope: self.scope.clone(),
-            fence: self.fence,
-            reason,
-        })
+        Ok(self.holding.stale(reason))
     }
 
     /// The completion statement, bound for `response`, for [`PgTx::commit`] and `complete`.
@@ -192,16 +167,16 @@ impl PgClaim {
     ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
         let inner = &self.store.inner;
         sqlx::query(AssertSqlSafe(sql))
-            .bind(self.scope.tenant().to_owned())
-            .bind(self.scope.operation().to_owned())
-            .bind(self.scope.key().to_owned())
-            .bind(fence_i64(self.fence))
+            .bind(self.scope().tenant().to_owned())
+            .bind(self.scope().operation().to_owned())
+            .bind(self.scope().key().to_owned())
+            .bind(fence_i64(self.fence()))
             .bind(duration_i64(inner.config.ttl))
             .bind(inner.config.now())
             .bind(i32::from(response.status()))
             .bind(encode_headers(response))
             .bind(response.body().to_vec())
-            .bind(PgStore::payload(&self.scope))
+            .bind(PgStore::payload(self.scope()))
     }
 
     /// `complete`: the completion alone, as one autocommitted statement (one round trip).
@@ -247,24 +222,25 @@ impl PgClaim {
         self.store.inner.counters.committed(started.elapsed());
         match row.try_get::<i64, _>("completed_ms") {
             Ok(completed) => self.store.inner.pace.completed(
-                self.scope.operation(),
-                timestamp(completed).saturating_since(self.claimed_at),
+                self.scope().operation(),
+                timestamp(completed).saturating_since(self.holding.claimed_at()),
             ),
             Err(e) => tracing::debug!(error = %e, "a completion without its time"),
         }
     }
 
-    pub(crate) async fn release_now(self) -> Result<(), ClaimError> {
+    /// `release`: one fenced `DELETE`.
+    pub(crate) async fn release(self) -> Result<(), ClaimError> {
         let inner = &self.store.inner;
         let gone = timed(
             self.store.call_limit(),
             "release",
             sqlx::query(AssertSqlSafe(inner.sql.release.clone()))
-                .bind(self.scope.tenant())
-                .bind(self.scope.operation())
-                .bind(self.scope.key())
-                .bind(fence_i64(self.fence))
-                .bind(PgStore::payload(&self.scope))
+                .bind(self.scope().tenant())
+                .bind(self.scope().operation())
+                .bind(self.scope().key())
+                .bind(fence_i64(self.fence()))
+                .bind(PgStore::payload(self.scope()))
                 .fetch_optional(&inner.pool),
         )
         .await?;
@@ -277,160 +253,129 @@ impl PgClaim {
         }
     }
 
-    pub(crate) async fn extend_by(&mut self, lease: Duration) -> Result<(), ClaimError> {
-        if lease.is_zero() || lease > MAX_LEASE {
-            return Err(ClaimError::InvalidLease {
-                requested_ms: lease.as_millis(),
-                max_ms: MAX_LEASE.as_millis(),
-            });
-        }
-        match renew(
-            &self.store,
-            &self.scope,
-            self.fence,
-            lease,
-            Extension::Exactly,
-        )
-        .await?
-        {
+    /// `extend`: one fenced `UPDATE`.
+    pub(crate) async fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
+        check_lease(lease)?;
+        let extended = self
+            .store
+            .extend(self.scope(), self.fence(), lease, Extension::Exactly)
+            .await?;
+        match extended {
             Some(until) => {
-                self.lease_until = until;
+                self.holding.extended(until);
                 Ok(())
             }
             None => Err(ClaimError::Stale(self.stale().await?)),
         }
     }
 
-    pub(crate) async fn store_checkpoint(&mut self, bytes: Vec<u8>) -> Result<(), ClaimError> {
-        let max = self.store.inner.config.max_checkpoint_bytes;
-        if bytes.len() > max {
-            return Err(ClaimError::CheckpointTooLarge {
-                len: bytes.len(),
-                max,
-            });
-        }
+    /// `checkpoint`: one fenced `UPDATE`.
+    pub(crate) async fn checkpoint(&mut self, bytes: Vec<u8>) -> Result<(), ClaimError> {
+        check_checkpoint(&bytes, self.store.inner.config.max_checkpoint_bytes)?;
         let inner = &self.store.inner;
         let updated = timed(
             self.store.call_limit(),
             "checkpoint",
             sqlx::query(AssertSqlSafe(inner.sql.checkpoint.clone()))
-                .bind(self.scope.tenant())
-                .bind(self.scope.operation())
-                .bind(self.scope.key())
-                .bind(fence_i64(self.fence))
+                .bind(self.scope().tenant())
+                .bind(self.scope().operation())
+                .bind(self.scope().key())
+                .bind(fence_i64(self.fence()))
                 .bind(&bytes[..])
                 .fetch_optional(&inner.pool),
         )
         .await?;
         match updated {
             Some(_) => {
-                self.checkpoint = Some(bytes);
+                self.holding.checkpointed(bytes);
                 Ok(())
             }
             None => Err(ClaimError::Stale(self.stale().await?)),
         }
     }
 
-    pub(crate) fn start_keep_alive(&self) -> KeepAlive {
-        KeepAlive::start(PgLease {
-            store: self.store.clone(),
-            scope: self.scope.clone(),
-            fence: self.fence,
-            alive: Arc::downgrade(&self.alive),
-        })
+    pub(crate) fn scope(&self) -> &Scope {
+        self.holding.scope()
     }
 
-    pub(crate) fn scope_ref(&self) -> &Scope {
-        &self.scope
-    }
-    pub(crate) fn fingerprint_value(&self) -> Fingerprint {
-        self.fingerprint
-    }
-    pub(crate) fn lease_end(&self) -> Timestamp {
-        self.lease_until
-    }
-    pub(crate) fn checkpoint_ref(&self) -> Option<&[u8]> {
-        self.checkpoint.as_deref()
-    }
-    pub(crate) fn downstream(&self) -> String {
-        self.scope.downstream_key(self.origin_fence)
+    pub(crate) fn fence(&self) -> u64 {
+        self.holding.fence()
     }
 }
 
-/// One claim's lease, for the keep-alive's loop (`protocol::keep_alive`).
-struct PgLease {
-    store: PgStore,
-    scope: Scope,
-    fence: u64,
-    /// Gone once the claim is.
-    alive: std::sync::Weak<()>,
-}
-
-impl Lease for PgLease {
-    fn lease(&self) -> Duration {
-        self.store.inner.config.lease
-    }
-
-    fn scope(&self) -> &Scope {
-        &self.scope
-    }
-
-    fn claim_dropped(&self) -> bool {
-        self.alive.strong_count() == 0
-    }
-
-    async fn renew(&self, lease: Duration) -> Result<Renewed, ClaimError> {
-        match renew(
-            &self.store,
-            &self.scope,
-            self.fence,
-            lease,
-            Extension::AtLeast,
+impl PgStore {
+    /// Moves the lease of the holder of `fence`; `None` if it no longer holds. On the store's
+    /// own connections, never the pool the holder's transactions may fill.
+    async fn extend(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+        extension: Extension,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let inner = &self.inner;
+        let row = timed(
+            self.call_limit(),
+            "extend a lease",
+            sqlx::query(AssertSqlSafe(inner.sql.extend.clone()))
+                .bind(scope.tenant())
+                .bind(scope.operation())
+                .bind(scope.key())
+                .bind(fence_i64(fence))
+                .bind(duration_i64(lease))
+                .bind(inner.config.now())
+                .bind(extension == Extension::AtLeast)
+                .fetch_optional(&inner.upkeep),
         )
-        .await?
-        {
-            Some(until) => Ok(Renewed::Until(until)),
-            // Finished or taken over: the statement does not say which.
-            None => Ok(Renewed::Over(None)),
-        }
+        .await?;
+        row.map(|row| {
+            row.try_get::<Option<i64>, _>("lease_until_ms")
+                .map(|ms| timestamp(ms.unwrap_or(0)))
+                .map_err(|e| backend("extend a lease", &e))
+        })
+        .transpose()
+    }
+}
+
+impl Renew for PgStore {
+    fn lease(&self) -> Duration {
+        self.inner.config.lease
+    }
+
+    async fn renew(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<Renewed, ClaimError> {
+        Ok(
+            match self.extend(scope, fence, lease, Extension::AtLeast).await? {
+                Some(until) => Renewed::Until(until),
+                // Finished or taken over: the statement does not say which.
+                None => Renewed::Over(None),
+            },
+        )
     }
 
     /// The renewals run on the runtime the claim was made on.
-    fn renew_blocking(&self, _lease: Duration) -> Option<Result<Renewed, ClaimError>> {
+    fn renew_blocking(
+        &self,
+        _: &Scope,
+        _: u64,
+        _: Duration,
+    ) -> Option<Result<Renewed, ClaimError>> {
         None
     }
 }
 
-/// Moves the lease of the holder of `fence`; `None` if it no longer holds. On the store's
-/// own connections, never the pool the holder's transactions may fill.
-async fn renew(
-    store: &PgStore,
-    scope: &Scope,
-    fence: u64,
-    lease: Duration,
-    extension: Extension,
-) -> Result<Option<Timestamp>, StoreError> {
-    let inner = &store.inner;
-    let row = timed(
-        store.call_limit(),
-        "extend a lease",
-        sqlx::query(AssertSqlSafe(inner.sql.extend.clone()))
-            .bind(scope.tenant())
-            .bind(scope.operation())
-            .bind(scope.key())
-            .bind(fence_i64(fence))
-            .bind(duration_i64(lease))
-            .bind(inner.config.now())
-            .bind(extension == Extension::AtLeast)
-            .fetch_optional(&inner.upkeep),
-    )
-    .await?;
-    row.map(|row| {
-        row.try_get::<Option<i64>, _>("lease_until_ms")
-            .map(|ms| timestamp(ms.unwrap_or(0)))
-            .map_err(|e| backend("extend a lease", &e))
-    })
-    .transpose()
+/// A claim's row held a number no claim writes (a negative fence, attempt 0...).
+fn unknown_value(what: &str, value: i64) -> StoreError {
+    StoreError::Backend {
+        message: format!(
+            "the claim's row holds {what} {value}, which no claim writes: is the table ours?"
+        )
+        .into(),
+    }
 }
 
 /// A fence as PostgreSQL's `bigint` (fences come from a sequence, so they fit).

@@ -107,35 +107,35 @@ impl Protocol for PgStore {
 
 impl ProtocolClaim for PgClaim {
     fn scope(&self) -> &Scope {
-        self.scope_ref()
+        self.holding.scope()
     }
 
     fn fingerprint(&self) -> Fingerprint {
-        self.fingerprint_value()
+        self.holding.fingerprint()
     }
 
     fn fence(&self) -> u64 {
-        self.fence
+        self.holding.fence()
     }
 
     fn attempt(&self) -> u32 {
-        self.attempt_number()
+        self.holding.attempt()
     }
 
     fn lease_until(&self) -> Timestamp {
-        self.lease_end()
+        self.holding.lease_until()
     }
 
     fn last_checkpoint(&self) -> Option<&[u8]> {
-        self.checkpoint_ref()
+        self.holding.last_checkpoint()
     }
 
     fn downstream_key(&self) -> String {
-        self.downstream()
+        self.holding.downstream_key()
     }
 
     fn keep_alive(&self) -> KeepAlive {
-        self.start_keep_alive()
+        self.holding.keep_alive(self.store.clone())
     }
 
     /// One autocommitted `UPDATE ... WHERE fence = $n`: one round trip.
@@ -144,14 +144,14 @@ impl ProtocolClaim for PgClaim {
     }
 
     async fn release(self) -> Result<(), ClaimError> {
-        self.release_now().await
+        PgClaim::release(self).await
     }
 
     async fn extend(&mut self, lease: Duration) -> Result<(), ClaimError> {
-        self.extend_by(lease).await
+        PgClaim::extend(self, lease).await
     }
 
     async fn checkpoint(&mut self, bytes: Vec<u8>) -> Result<(), ClaimError> {
-        self.store_checkpoint(bytes).await
+        PgClaim::checkpoint(self, bytes).await
     }
 }

@@ -278,7 +278,7 @@ impl PgStore {
             .await?;
             if let Some(row) = claimed {
                 let claim = PgClaim::from_row(self.clone(), scope.clone(), fingerprint, &row)?;
-                let answer = if claim.attempt_number() == 1 {
+                let answer = if claim.holding.attempt() == 1 {
                     Begin::Claimed(claim)
                 } else {
                     Begin::Recovered(claim)

@@ -79,7 +79,7 @@ impl PgTx {
         subject: &str,
         payload: impl Into<Vec<u8>>,
     ) -> Result<String, MessageError> {
-        let prefix = self.claim.downstream();
+        let prefix = self.claim.holding.downstream_key();
         self.published.add(&prefix, subject, payload.into())
     }
 

@@ -7,8 +7,8 @@
 //! a dead one (its process gone, and the renewals with it) is, one lease after the last
 //! renewal.
 //!
-//! The renewal loop is written once, here, for every backend: a backend hands it a [`Lease`]
-//! (how to renew one claim's lease), and gets a [`KeepAlive`] back.
+//! The renewal loop is written once, here, for every backend: a backend implements [`Renew`]
+//! (how it renews one claim's lease), and gets a [`KeepAlive`] back.
 
 use std::fmt;
 #[cfg(feature = "tokio")]
@@ -17,24 +17,32 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::claim::HeldLease;
 use crate::error::{ClaimError, StaleReason};
 use crate::model::clock::Timestamp;
 use crate::model::scope::Scope;
 
-/// One claim's lease, as a backend renews it.
-pub(crate) trait Lease: Send + Sync + 'static {
+/// How a backend renews a claim's lease: the one part of the keep-alive that is the backend's.
+pub(crate) trait Renew: Send + Sync + 'static {
     /// The store's lease: what each renewal extends by.
     fn lease(&self) -> Duration;
-    /// The claim's scope, for the log.
-    fn scope(&self) -> &Scope;
-    /// Whether the claim itself is gone (committed, released or dropped): nothing to renew.
-    fn claim_dropped(&self) -> bool;
-    /// Moves the end of the lease to `lease` from now, unless it already ends later.
+    /// Moves the end of the lease of the holder of `fence` to `lease` from now, unless it
+    /// already ends later.
     #[cfg(feature = "tokio")]
-    fn renew(&self, lease: Duration) -> impl Future<Output = Result<Renewed, ClaimError>> + Send;
+    fn renew(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Renewed, ClaimError>> + Send;
     /// [`renew`](Self::renew), blocking, for a claim held outside a runtime; `None` for a
     /// backend that renews only on a runtime.
-    fn renew_blocking(&self, lease: Duration) -> Option<Result<Renewed, ClaimError>>;
+    fn renew_blocking(
+        &self,
+        scope: &Scope,
+        fence: u64,
+        lease: Duration,
+    ) -> Option<Result<Renewed, ClaimError>>;
 }
 
 /// What a renewal came to.
@@ -111,7 +119,7 @@ impl Drop for KeepAlive {
 impl KeepAlive {
     /// Starts renewing the lease of the claim behind `handle`: as a task if a tokio runtime
     /// is running here, else on a thread.
-    pub(crate) fn start<L: Lease>(handle: L) -> Self {
+    pub(crate) fn start<B: Renew>(handle: HeldLease<B>) -> Self {
         #[cfg(feature = "tokio")]
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             // The cadence starts now, not when the task is first polled.
@@ -154,26 +162,26 @@ impl KeepAlive {
 }
 
 /// Every third of the lease: the interval between renewals.
-fn interval(handle: &impl Lease) -> (Duration, Duration) {
-    let lease = handle.lease();
+fn interval<B: Renew>(handle: &HeldLease<B>) -> (Duration, Duration) {
+    let lease = handle.backend.lease();
     (lease, (lease / 3).max(Duration::from_millis(1)))
 }
 
 /// What to do after a renewal: go on, or stop.
-fn after(handle: &impl Lease, renewed: Result<Renewed, ClaimError>) -> Next {
+fn after<B>(handle: &HeldLease<B>, renewed: Result<Renewed, ClaimError>) -> Next {
     match renewed {
         Ok(Renewed::Until(until)) => {
-            tracing::trace!(scope = %handle.scope(), %until, "lease renewed");
+            tracing::trace!(scope = %handle.scope, %until, "lease renewed");
             Next::Continue
         }
         Ok(Renewed::Over(reason)) => {
-            tracing::debug!(scope = %handle.scope(), ?reason, "the claim is finished; no more renewals");
+            tracing::debug!(scope = %handle.scope, ?reason, "the claim is finished; no more renewals");
             Next::Stop
         }
         // A store that is recovering or a full disk: the next tick tries again, and the lease
         // still holds for two more.
         Err(e) => {
-            tracing::warn!(scope = %handle.scope(), error = %e, "renewing a lease failed");
+            tracing::warn!(scope = %handle.scope, error = %e, "renewing a lease failed");
             Next::Continue
         }
     }
@@ -185,7 +193,7 @@ enum Next {
 }
 
 #[cfg(feature = "tokio")]
-async fn renew_async(handle: impl Lease, first: tokio::time::Instant) {
+async fn renew_async<B: Renew>(handle: HeldLease<B>, first: tokio::time::Instant) {
     let (lease, every) = interval(&handle);
     let mut ticks = tokio::time::interval_at(first, every);
     // A renewal that took long (a busy writer) is not followed by a burst of catch-up ones.
@@ -195,13 +203,19 @@ async fn renew_async(handle: impl Lease, first: tokio::time::Instant) {
         if handle.claim_dropped() {
             return;
         }
-        if let Next::Stop = after(&handle, handle.renew(lease).await) {
+        if let Next::Stop = after(
+            &handle,
+            handle
+                .backend
+                .renew(&handle.scope, handle.fence, lease)
+                .await,
+        ) {
             return;
         }
     }
 }
 
-fn renew_blocking(handle: &impl Lease, stopped: &Receiver<()>) {
+fn renew_blocking<B: Renew>(handle: &HeldLease<B>, stopped: &Receiver<()>) {
     let (lease, every) = interval(handle);
     loop {
         match stopped.recv_timeout(every) {
@@ -211,8 +225,11 @@ fn renew_blocking(handle: &impl Lease, stopped: &Receiver<()>) {
         if handle.claim_dropped() {
             return;
         }
-        let Some(renewed) = handle.renew_blocking(lease) else {
-            tracing::error!(scope = %handle.scope(), "this backend renews leases only on a tokio runtime; the lease is not renewed");
+        let Some(renewed) = handle
+            .backend
+            .renew_blocking(&handle.scope, handle.fence, lease)
+        else {
+            tracing::error!(scope = %handle.scope, "this backend renews leases only on a tokio runtime; the lease is not renewed");
             return;
         };
         if let Next::Stop = after(handle, renewed) {

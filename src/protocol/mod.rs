@@ -25,6 +25,7 @@
 pub use crate::error::CommitError;
 pub use crate::model::begin::Begin;
 
+pub(crate) mod claim;
 #[cfg(feature = "tokio")]
 mod completer;
 pub(crate) mod keep_alive;
