@@ -19,7 +19,7 @@ use crate::wal::{Log, RecoveryReport};
 
 use super::catch_up::{self, CaughtUp};
 use super::job::panic_message;
-use super::writer::{Appends, Writer, start_log};
+use super::writer::{Appends, Mode, Writer, start_log};
 
 /// Whether recovering in place reopens the redb file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +63,7 @@ impl Writer {
     pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
         let started = Instant::now();
         // Joins the log thread; every group it had is settled (answered) by then.
-        self.log = None;
+        self.mode.stop_log();
         let CaughtUp {
             mut report,
             log,
@@ -75,10 +75,11 @@ impl Writer {
             let db = slot.as_ref().ok_or(StoreError::Closed)?;
             self.catch_up(db)?
         };
-        self.log = log
-            .map(|(dir, start)| start_log(&self.shared, Log::start(dir, start)))
-            .transpose()
-            .map_err(|e| restore_failed(OpenError::Thread(e)))?;
+        if let Some((dir, start)) = log {
+            let thread = start_log(&self.shared, Log::start(dir, start))
+                .map_err(|e| restore_failed(OpenError::Thread(e)))?;
+            self.mode = Mode::Wal(thread);
+        }
         self.count_log();
         self.next_fence = self.next_fence.max(next_fence);
         self.shared.overlay.published();

@@ -6,7 +6,7 @@ impl Writer {
     /// Frames replayed at open (or by a restore) are in redb without a sync, and their segments
     /// cannot be reused until a checkpoint: take one at the first chance.
     pub(in crate::engine) fn checkpoint_soon_if_replayed(&mut self) {
-        if self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0) {
+        if self.mode.since_checkpoint() > 0 {
             // A deadline of now, not a last checkpoint an interval ago: `Instant` cannot go
             // back further than the machine's uptime, so an interval longer than that (an
             // hour, on a box booted minutes ago) left this checkpoint an interval away.
@@ -16,7 +16,7 @@ impl Writer {
 
     /// How long until a checkpoint is due, if the log holds frames not yet in durable redb.
     pub(super) fn checkpoint_due_in(&self) -> Option<Duration> {
-        let log = self.log.as_ref()?;
+        let log = self.mode.log()?;
         (log.since_checkpoint() > 0).then(|| {
             self.shared
                 .config
@@ -30,7 +30,7 @@ impl Writer {
     }
 
     pub(super) fn checkpoint_if_due(&mut self) {
-        let Some(log) = self.log.as_ref() else {
+        let Some(log) = self.mode.log() else {
             return;
         };
         let due = log.since_checkpoint() >= self.shared.config.checkpoint_bytes
@@ -82,7 +82,7 @@ impl Writer {
     /// last logged frame as checkpointed, and lets the log reuse the segments before it. Runs
     /// between epochs, so everything logged is published.
     pub(super) fn checkpoint(&mut self) -> Result<(), StoreError> {
-        let Some(log) = self.log.as_ref() else {
+        let Some(log) = self.mode.log() else {
             return Ok(());
         };
         let seq = log

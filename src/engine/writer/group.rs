@@ -77,7 +77,7 @@ impl Writer {
             }
         }
         if outcome.changed {
-            if self.log.is_some() {
+            if self.mode.log().is_some() {
                 let mut encoded = Vec::new();
                 let registry = &self.shared.registry;
                 let ops = kept.iter().flat_map(WriteSet::ops).map(|op| wal::Op {
@@ -110,7 +110,8 @@ impl Writer {
         group: &VecDeque<Box<dyn Job>>,
         epoch: &mut Epoch,
     ) {
-        let Some(log) = self.log.as_ref() else {
+        let Some(log) = self.mode.log() else {
+            // `Redb` mode: the epoch's commit makes the group durable.
             epoch
                 .after_publish
                 .extend(done.into_iter().map(|job| (0, job)));
@@ -141,10 +142,7 @@ impl Writer {
         log.submit(
             Submission {
                 payload: outcome.payload,
-                ticket: Group {
-                    records: outcome.records,
-                    jobs,
-                },
+                ticket: Group::new(outcome.records, jobs),
             },
             handoff,
         );

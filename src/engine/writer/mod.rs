@@ -134,8 +134,8 @@ pub(crate) struct Writer {
     pub(super) storage: Storage,
     pub(super) next_fence: u64,
     queue: Receiver<Box<dyn Job>>,
-    /// The log thread, in `Wal` mode (`None` only while a restore failed).
-    pub(super) log: Option<LogThread<Group>>,
+    /// How a group becomes durable: by its redb commit, or by the log thread's sync.
+    pub(super) mode: Mode,
     /// The frame whose sync failed, until a restore has checkpointed it from this copy.
     pub(super) unsynced: Option<Unsynced>,
     pub(super) appends: Appends,
@@ -149,7 +149,11 @@ pub(crate) struct Writer {
 
 mod checkpoint;
 mod group;
+mod mode;
 mod publish;
+
+use self::mode::AfterGroup;
+pub(super) use self::mode::{Group, Mode, start_log};
 
 impl Writer {
     pub(crate) fn new(
@@ -163,10 +167,8 @@ impl Writer {
             SelfHeal::Backoff { first, max } => (first, max),
             SelfHeal::Off => (Duration::MAX, Duration::MAX),
         };
-        let log = log
-            .map(|(dir, start)| start_log(&shared, Log::start(dir, start)))
-            .transpose()?;
-        let appends = match &log {
+        let mode = Mode::start(&shared, log)?;
+        let appends = match mode.log() {
             Some(log) if log.since_checkpoint() > 0 => Appends::AfterCheckpoint,
             _ => Appends::Open,
         };
@@ -177,7 +179,7 @@ impl Writer {
             storage,
             next_fence,
             queue,
-            log,
+            mode,
             unsynced: None,
             appends,
             timed_checkpoint,
@@ -236,9 +238,7 @@ impl Writer {
             }
             self.timers();
         }
-        if self.shared.poison.check().is_ok()
-            && self.log.as_ref().is_some_and(|l| l.since_checkpoint() > 0)
-        {
+        if self.shared.poison.check().is_ok() && self.mode.since_checkpoint() > 0 {
             // Best effort: if it fails, the next open replays the log instead.
             let _ = self.checkpoint();
         }
@@ -377,19 +377,23 @@ impl Writer {
             epoch.bytes += outcome.bytes;
             epoch.needs = epoch.needs.max(outcome.needs);
             self.hand_off(outcome, done, group, epoch);
-            if self.log.as_ref().is_some_and(LogThread::failed) {
+            if self.mode.log().is_some_and(LogThread::failed) {
                 // Later groups would rest on one that failed.
                 break;
             }
-            let checkpoint_due = self.log.as_ref().is_none_or(|log| {
+            let after = self.mode.after_group(|log| {
                 log.since_checkpoint() >= self.shared.config.checkpoint_bytes
                     && self.checkpoint_retry.due()
             });
-            if checkpoint_due && self.log.is_some() {
-                epoch.needs = epoch.needs.max(Needs::Checkpointed);
+            match after {
+                AfterGroup::End => break,
+                AfterGroup::Checkpoint => {
+                    epoch.needs = epoch.needs.max(Needs::Checkpointed);
+                    break;
+                }
+                AfterGroup::Continue => {}
             }
-            let more = !checkpoint_due
-                && epoch.needs == Needs::Durable
+            let more = epoch.needs == Needs::Durable
                 && epoch.bytes < self.shared.config.memory().epoch
                 && epoch.started.elapsed() < EPOCH_TIME
                 && (!group.is_empty() || self.linger(group));
@@ -401,7 +405,7 @@ impl Writer {
 
     /// Publishes the log's bytes since the checkpoint to the stats.
     pub(super) fn count_log(&self) {
-        if let Some(log) = self.log.as_ref() {
+        if let Some(log) = self.mode.log() {
             self.shared.counters.log_since(log.since_checkpoint());
         }
     }
@@ -476,35 +480,4 @@ fn requests_before_reopen(group: &mut VecDeque<Box<dyn Job>>) -> Vec<Box<dyn Job
         .position(|job| job.kind() == JobKind::Reopen)
         .unwrap_or(group.len());
     group.drain(..n).collect()
-}
-
-/// What the engine hands the log with each group: settled once the group is durable.
-pub(crate) struct Group {
-    /// The group's writes to the records table, for the overlay.
-    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-    /// Its requests, answered once it is durable.
-    jobs: Vec<Box<dyn Job>>,
-}
-
-/// Starts a log thread that, for each durable group, adds its records to the overlay and then
-/// answers its requests (so a caller that was answered reads what it wrote).
-pub(super) fn start_log(shared: &Shared, log: Log) -> std::io::Result<LogThread<Group>> {
-    let (overlay, counters) = (shared.overlay.clone(), shared.counters.clone());
-    LogThread::start(
-        log,
-        Box::new(move |mut groups: Vec<Group>| {
-            overlay.add(
-                groups
-                    .iter_mut()
-                    .flat_map(|g| std::mem::take(&mut g.records)),
-            );
-            let jobs: Vec<Box<dyn Job>> = groups.into_iter().flat_map(|g| g.jobs).collect();
-            Counters::add(&counters.requests, jobs.len() as u64);
-            for job in jobs {
-                job.finish(Ok(()));
-            }
-        }),
-        shared.counters.log_bytes.clone(),
-        shared.config.memory().frame,
-    )
 }

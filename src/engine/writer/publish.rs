@@ -7,11 +7,11 @@ impl Writer {
     /// restoring when the transaction holds what must not be published), then serves the
     /// requests that asked for a publish, a checkpoint or the database to itself.
     pub(super) fn publish(&mut self, txn: WriteTransaction, mut epoch: Epoch) {
-        let failure: Option<LogFailure> = self.log.as_ref().and_then(|l| l.wait_durable().err());
+        let failure: Option<LogFailure> = self.mode.log().and_then(|l| l.wait_durable().err());
         // The jobs of the groups that failed, answered once this is over.
         let unanswered: Vec<Box<dyn Job>> = self
-            .log
-            .as_ref()
+            .mode
+            .log()
             .map(LogThread::take_unanswered)
             .unwrap_or_default()
             .into_iter()
@@ -42,7 +42,7 @@ impl Writer {
                 drop(txn);
                 let keep_below = failure.as_ref().map_or(u64::MAX, |f| f.first);
                 let rebuilt = self.rebuild(&epoch, keep_below);
-                if let Some(log) = self.log.as_ref() {
+                if let Some(log) = self.mode.log() {
                     log.resume();
                 }
                 match rebuilt {
@@ -93,17 +93,19 @@ impl Writer {
                 Counters::add(&self.shared.counters.epochs, 1);
                 Ok(())
             }
-            Err(e) if self.log.is_some() => {
-                tracing::warn!(error = %e, "publishing an epoch failed; recovering from the log");
-                self.restore_for_epoch(Reopen::IfNeeded)
-            }
-            Err(e) => {
-                // `Redb` mode: the group's durable commit failed part way.
-                let e = StoreError::unknown("the redb commit failed", &e);
-                self.shared.poison.set(&e);
-                self.heal(Reopen::IfNeeded);
-                Err(e)
-            }
+            Err(e) => match self.mode {
+                Mode::Wal(_) => {
+                    tracing::warn!(error = %e, "publishing an epoch failed; recovering from the log");
+                    self.restore_for_epoch(Reopen::IfNeeded)
+                }
+                Mode::Redb | Mode::Stopped => {
+                    // The group's durable commit failed part way.
+                    let e = StoreError::unknown("the redb commit failed", &e);
+                    self.shared.poison.set(&e);
+                    self.heal(Reopen::IfNeeded);
+                    Err(e)
+                }
+            },
         }
     }
 
