@@ -295,11 +295,8 @@ impl Writer {
         jobs: impl IntoIterator<Item = Box<dyn Job>>,
         result: &Result<(), StoreError>,
     ) {
-        let jobs: Vec<_> = jobs.into_iter().collect();
-        Counters::add(&self.shared.counters.requests, jobs.len() as u64);
-        for job in jobs {
-            job.finish(result.clone());
-        }
+        let jobs = jobs.into_iter().map(|job| (job, result.clone()));
+        finish_counted(&self.shared.counters, jobs);
     }
 
     /// Runs groups in one redb transaction until the epoch ends, then publishes it.
@@ -469,6 +466,20 @@ impl Writer {
     /// Whether self-heal is on and its next attempt is due.
     fn heal_due(&self) -> bool {
         self.heal_retry.wait().is_some() && self.heal_retry.due()
+    }
+}
+
+/// Counts jobs, then answers each with its result: counted first, so that a caller that was
+/// just answered sees itself in the stats. The one place the writer and the log thread
+/// answer requests.
+pub(super) fn finish_counted(
+    counters: &Counters,
+    jobs: impl IntoIterator<Item = (Box<dyn Job>, Result<(), StoreError>)>,
+) {
+    let jobs: Vec<_> = jobs.into_iter().collect();
+    Counters::add(&counters.requests, jobs.len() as u64);
+    for (job, result) in jobs {
+        job.finish(result);
     }
 }
 

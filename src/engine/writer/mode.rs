@@ -102,11 +102,8 @@ pub(in crate::engine) fn start_log(shared: &Shared, log: Log) -> std::io::Result
                     .iter_mut()
                     .flat_map(|g| std::mem::take(&mut g.records)),
             );
-            let jobs: Vec<Box<dyn Job>> = groups.into_iter().flat_map(|g| g.jobs).collect();
-            Counters::add(&counters.requests, jobs.len() as u64);
-            for job in jobs {
-                job.finish(Ok(()));
-            }
+            let jobs = groups.into_iter().flat_map(|g| g.jobs);
+            finish_counted(&counters, jobs.map(|job| (job, Ok(()))));
         }),
         shared.counters.log_bytes.clone(),
         shared.config.memory().frame,

@@ -64,15 +64,15 @@ impl Writer {
         }
         let result = published.and_then(|()| self.after_publish(&mut epoch));
         let cut = failure.map(|f| (f.first, f.error));
-        let jobs: Vec<_> = epoch.after_publish.drain(..).collect();
-        Counters::add(&self.shared.counters.requests, jobs.len() as u64);
-        for (number, job) in jobs {
-            match &cut {
+        let jobs = epoch
+            .after_publish
+            .drain(..)
+            .map(|(number, job)| match &cut {
                 // Its group was never durable: the log's failure is its answer.
-                Some((first, error)) if number >= *first => job.finish(Err(error.clone())),
-                _ => job.finish(result.clone()),
-            }
-        }
+                Some((first, error)) if number >= *first => (job, Err(error.clone())),
+                _ => (job, result.clone()),
+            });
+        finish_counted(&self.shared.counters, jobs);
     }
 
     /// Commits an epoch's transaction: without a sync in `Wal` mode (the log has every group),
