@@ -36,11 +36,13 @@ use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
 
 mod claims;
+mod decide;
 mod races;
 mod retention;
 mod waiting;
 
 pub use claims::*;
+pub use decide::*;
 pub use races::*;
 pub use retention::*;
 pub use waiting::*;
@@ -160,6 +162,7 @@ macro_rules! conformance_suite {
     ($harness:expr) => {
         $crate::conformance_suite!(@cases $harness;
             claim_then_replay_byte_for_byte,
+            begin_answers_what_the_state_machine_decides,
             a_live_claim_answers_in_progress_and_writes_nothing,
             in_progress_advises_the_operations_pace_within_the_lease,
             another_fingerprint_is_a_mismatch_and_changes_nothing,
