@@ -3,7 +3,8 @@
 //! [`SimDisk`] runs a store on simulated storage that can crash at any operation; the bodies of
 //! the fuzz targets live here too, so a seeded test runs them on stable. [`conformance`] is the
 //! suite every backend of the claim protocol must pass, and [`outbox_conformance`] the one
-//! every backend's outbox and the relay over it must pass.
+//! every backend's outbox and the relay over it must pass. [`wait`] is the one polling helper
+//! for tests that wait on another task.
 
 #[cfg(feature = "tokio")]
 pub mod conformance;
@@ -13,6 +14,8 @@ mod log_decode;
 pub mod outbox_conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+#[cfg(feature = "tokio")]
+pub mod wait;
 mod workload;
 
 pub use crate::storage::sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk, Tear, Then};

@@ -16,7 +16,7 @@ use axum::routing::post;
 use common::http::*;
 use common::{LEASE, TestResult, builder, clock};
 use idemstore::http::IdempotencyLayer;
-use idemstore::testing::{FaultPlan, SimDisk};
+use idemstore::testing::{FaultPlan, SimDisk, wait};
 use idemstore::{RecordState, Scope, Store};
 use tokio::sync::Notify;
 use tower::ServiceExt;
@@ -82,13 +82,11 @@ async fn a_stalled_store_answers_503_in_bounded_time_and_keeps_the_key_right() -
     .map_err(|_| "the stalling write panicked")?;
     // The claim queued behind the stall was made: in progress, its request never ran.
     let mut record = None;
-    for _ in 0..5_000 {
+    wait::eventually("the queued claim made", async || {
         record = store.get(&orders_scope("stalled-1"))?;
-        if record.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+        Ok(record.is_some())
+    })
+    .await?;
     assert!(matches!(
         record.map(|r| r.state().clone()),
         Some(RecordState::InProgress { .. })
@@ -142,16 +140,15 @@ async fn requests_over_the_in_flight_cap_are_shed_before_the_store() -> TestResu
     go.notify_one();
     // The first holds its place until its response is stored, which ends just after the client
     // has it: until then the next is still shed (and the store still untouched).
-    let started = std::time::Instant::now();
-    let taken = loop {
-        let answer = send(&app, post_req("inflight-2", BODY)).await?;
-        if answer.status != StatusCode::SERVICE_UNAVAILABLE
-            || started.elapsed() > common::wait::DEADLINE
-        {
-            break answer;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    };
+    let mut taken = None;
+    wait::eventually("the next request no longer shed", async || {
+        let answer = send_owned(app.clone(), post_req("inflight-2", BODY)).await?;
+        let shed = answer.status == StatusCode::SERVICE_UNAVAILABLE;
+        taken = Some(answer);
+        Ok(!shed)
+    })
+    .await?;
+    let taken = taken.ok_or("no answer")?;
     assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     Ok(())

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
 use idemstore::relay::{Relay, RelayConfig, Sink};
-use idemstore::testing::{SimDisk, Tear};
+use idemstore::testing::{SimDisk, Tear, wait};
 use idemstore::{Begin, BoxError, Execution, Fingerprint, Message, MessageError, Response, Store};
 use parking_lot::Mutex;
 
@@ -185,12 +185,12 @@ async fn the_relay_delivers_every_message_in_commit_order_per_subject() -> TestR
     for w in writers {
         w.join().map_err(|_| "a writer panicked")??;
     }
-    common::wait::eventually("400 messages delivered", || {
-        recorder.accepted.lock().len() >= 400
+    wait::eventually("400 messages delivered", || async {
+        Ok(recorder.accepted.lock().len() >= 400)
     })
     .await?;
-    common::wait::eventually("the outbox empty", || {
-        store.exact_stats().is_ok_and(|s| s.outbox_pending == 0)
+    wait::eventually("the outbox empty", || async {
+        Ok(store.exact_stats().is_ok_and(|s| s.outbox_pending == 0))
     })
     .await?;
     relay.stop().await;
@@ -240,10 +240,10 @@ async fn through_failures_timeouts_and_stalls_nothing_is_lost_or_reordered_and_p
             poison_ids.extend(ids);
         }
     }
-    common::wait::eventually("all settled", || {
-        store
+    wait::eventually("all settled", || async {
+        Ok(store
             .exact_stats()
-            .is_ok_and(|s| s.outbox_pending == 0 && s.dead_letters == 3)
+            .is_ok_and(|s| s.outbox_pending == 0 && s.dead_letters == 3))
     })
     .await?;
     let stats = relay.stats();
@@ -316,7 +316,10 @@ async fn pending_messages_survive_a_restart_and_a_crash() -> TestResult {
     assert_eq!(store.exact_stats()?.outbox_pending, 10);
     let recorder = Arc::new(Recorder::default());
     let relay = Relay::start(&store, Shared(recorder.clone()), relay_config());
-    common::wait::eventually("the 10 messages", || recorder.accepted.lock().len() >= 10).await?;
+    wait::eventually("the 10 messages", || async {
+        Ok(recorder.accepted.lock().len() >= 10)
+    })
+    .await?;
     relay.stop().await;
     let payloads: Vec<u8> = recorder
         .accepted
@@ -330,8 +333,8 @@ async fn pending_messages_survive_a_restart_and_a_crash() -> TestResult {
     commit_with_messages(&store, "after", vec![("s".into(), vec![99])])
         .map_err(|e| e.to_string())?;
     let relay = Relay::start(&store, Shared(recorder.clone()), relay_config());
-    common::wait::eventually("the message after the restart", || {
-        recorder.accepted.lock().iter().any(|m| m.payload == [99])
+    wait::eventually("the message after the restart", || async {
+        Ok(recorder.accepted.lock().iter().any(|m| m.payload == [99]))
     })
     .await?;
     relay.stop().await;

@@ -20,6 +20,7 @@ use common::{fp, scope};
 use idemstore::relay::{Relay, RelayConfig, Sink};
 use idemstore::sqlx::{self, AssertSqlSafe, PgConnection, PgPool};
 use idemstore::testing::postgres::{Prefix, relay_lock_holder, unreachable};
+use idemstore::testing::wait;
 use idemstore::{
     Begin, BoxError, CommitError, ManualClock, Message, PgStore, Protocol, ProtocolClaim, Response,
     Scope, StoreError, Sweep, Timestamp,
@@ -264,22 +265,6 @@ async fn a_commit_whose_answer_is_lost_is_replayed() -> TestResult {
     a_lost_commit(Cut::After).await
 }
 
-/// Waits (bounded) until `check` holds.
-async fn until(
-    what: &str,
-    within: Duration,
-    mut check: impl AsyncFnMut() -> Result<bool, BoxError>,
-) -> TestResult {
-    let started = Instant::now();
-    while !check().await? {
-        if started.elapsed() > within {
-            return Err(format!("after {within:?}, still not {what}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
 /// The `LISTEN` connection goes silent: a waiter whose holder completes is answered by its
 /// own poll (within about a second), one whose holder dies is answered when the lease ends,
 /// and the store notices the silence and listens on a new connection (before, it waited on
@@ -312,12 +297,12 @@ async fn a_silent_listen_connection_delays_waiters_but_never_strands_them() -> T
         let holder = claimed(store.begin(&scope(key), fp("r")).await?)?;
         let waiter = waited(key);
         let what = format!("the waiter on {key} marked it");
-        until(&what, Duration::from_secs(5), async || marked(key).await).await?;
+        wait::within(&what, Duration::from_secs(5), async || marked(key).await).await?;
         Ok((holder, waiter))
     };
 
     let (holder, waiter) = held("done").await?;
-    until("listening", Duration::from_secs(5), async || {
+    wait::within("listening", Duration::from_secs(5), async || {
         Ok(!net.listening().await?.is_empty())
     })
     .await?;
@@ -345,7 +330,7 @@ async fn a_silent_listen_connection_delays_waiters_but_never_strands_them() -> T
         other => return Err(format!("the waiter got {}", other.outcome()).into()),
     }
 
-    until(
+    wait::within(
         "listening again on a new connection",
         ANSWER_WITHIN,
         async || {
@@ -408,7 +393,7 @@ async fn a_relay_whose_lock_connection_goes_silent_is_taken_over_within_a_bound(
         arrivals: arrivals.clone(),
     };
     let silent = Relay::start(&through, sink("silent"), config);
-    until(
+    wait::within(
         "the first relay delivered",
         Duration::from_secs(10),
         async || Ok(arrivals.0.lock().len() >= 10),
@@ -428,7 +413,7 @@ async fn a_relay_whose_lock_connection_goes_silent_is_taken_over_within_a_bound(
     for i in 10..30 {
         commit(i).await?;
     }
-    until(
+    wait::within(
         "every message delivered after the silence",
         ANSWER_WITHIN,
         async || {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::{ORDERS, TestResult, builder, clock, fp, scope};
 use idemstore::relay::{Relay, RelayConfig, Sink, Unavailable};
+use idemstore::testing::wait;
 use idemstore::{Begin, BoxError, Message, Response, Store};
 use parking_lot::Mutex;
 
@@ -48,12 +49,6 @@ fn fast(max_attempts: u32) -> RelayConfig {
         .idle_poll(Duration::from_millis(1))
 }
 
-/// Waits for `done`; a timeout is not an error here: the assertions that follow say what did
-/// not happen.
-async fn wait_for(done: impl FnMut() -> bool) {
-    let _ = common::wait::eventually("the relay", done).await;
-}
-
 /// Commits one order per payload, each publishing its payload on `subject`.
 fn commit_all(store: &Store, subject: &str, payloads: &[&str]) -> TestResult {
     for (i, payload) in payloads.iter().enumerate() {
@@ -89,7 +84,10 @@ async fn an_outage_dead_letters_nothing_and_keeps_order() -> TestResult {
         refused: AtomicU32::new(0),
     });
     let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
-    wait_for(|| sink.accepted.lock().len() == 20).await;
+    wait::eventually("all 20 messages delivered", || async {
+        Ok(sink.accepted.lock().len() == 20)
+    })
+    .await?;
     let stats = relay.stats();
     relay.stop().await;
 
@@ -147,10 +145,10 @@ async fn a_poison_message_is_still_dead_lettered_after_an_outage() -> TestResult
         refused: AtomicU32::new(0),
     });
     let relay = Relay::start(&store, Handle(sink.clone()), fast(3));
-    wait_for(|| {
-        sink.accepted.lock().len() == 2 && store.dead_letters(1).is_ok_and(|d| !d.is_empty())
+    wait::eventually("two messages delivered and one dead-lettered", || async {
+        Ok(sink.accepted.lock().len() == 2 && store.dead_letters(1).is_ok_and(|d| !d.is_empty()))
     })
-    .await;
+    .await?;
     relay.stop().await;
     let accepted: Vec<Vec<u8>> = sink
         .accepted
@@ -198,7 +196,10 @@ async fn a_sink_that_does_not_answer_is_down_not_the_message() -> TestResult {
     });
     let config = fast(2).attempt_timeout(Duration::from_millis(20));
     let relay = Relay::start(&store, HangingHandle(sink.clone()), config);
-    wait_for(|| sink.accepted.lock().len() == 2).await;
+    wait::eventually("both messages delivered", || async {
+        Ok(sink.accepted.lock().len() == 2)
+    })
+    .await?;
     let stats = relay.stats();
     relay.stop().await;
     let accepted: Vec<Vec<u8>> = sink

@@ -222,8 +222,8 @@ pub async fn a_subject_that_keeps_failing_does_not_starve_the_others<H: OutboxHa
         .backoff(Duration::from_millis(20), Duration::from_millis(200));
     let relay = Relay::start(&backend, Shared(sink.clone()), config);
     within(
-        Duration::from_secs(10),
         "the other subjects delivered past the failing one",
+        Duration::from_secs(10),
         || async { Ok(others.iter().all(|id| sink.has(id))) },
     )
     .await?;

@@ -6,8 +6,8 @@
 //! real claims (a [`ManualClock`] moves leases: no case sleeps to wait for one), runs a real
 //! [`Relay`] into a sink the case keeps a handle on, and checks what arrived: every
 //! committed id, its payload, per-subject order, how many deliveries, the dead letters.
-//! Waiting for the relay is polling with a generous deadline and a message saying what
-//! did not happen.
+//! Waiting for the relay is [`wait`](crate::testing::wait): polling with a generous deadline
+//! and a message saying what did not happen.
 //!
 //! Run it with [`outbox_conformance_suite!`](crate::outbox_conformance_suite), one
 //! `#[tokio::test]` per case:
@@ -29,6 +29,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::conformance::Local;
+use super::wait::{eventually, within};
 use crate::api::claim::{Begin, Claim};
 use crate::api::store::Store;
 use crate::error::{BoxError, CommitError};
@@ -169,9 +170,6 @@ macro_rules! outbox_conformance_suite {
     )*};
 }
 
-/// How long a case waits for the relay before it fails.
-const PATIENCE: Duration = Duration::from_secs(60);
-
 fn clock() -> ManualClock {
     ManualClock::new(Timestamp::from_millis(1_700_000_000_000))
 }
@@ -215,33 +213,6 @@ fn relay_config() -> RelayConfig {
         .idle_poll(Duration::from_millis(2))
 }
 
-/// Polls `check` until it holds, for at most [`PATIENCE`].
-async fn eventually<F, Fut>(what: &str, check: F) -> Result<(), BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool, BoxError>>,
-{
-    within(PATIENCE, what, check).await
-}
-
-/// Polls `check` until it holds, for at most `patience`.
-async fn within<F, Fut>(patience: Duration, what: &str, mut check: F) -> Result<(), BoxError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool, BoxError>>,
-{
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(format!("after {patience:?}, still not {what}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// Waits until the outbox has `pending` messages and `dead` dead letters.
 async fn outbox_is<B: Protocol>(backend: &B, pending: u64, dead: u64) -> Result<(), BoxError> {
     let what = format!("{pending} pending and {dead} dead letters");
@@ -249,7 +220,8 @@ async fn outbox_is<B: Protocol>(backend: &B, pending: u64, dead: u64) -> Result<
         let stats = backend.stats().await?;
         Ok(stats.outbox_pending == pending && stats.dead_letters == dead)
     })
-    .await
+    .await?;
+    Ok(())
 }
 
 /// A sink that fails, times out and stalls on purpose, deterministically by message id:

@@ -9,8 +9,6 @@ pub mod nats;
 pub mod proxy;
 #[cfg(feature = "http")]
 pub mod service;
-#[cfg(feature = "tokio")]
-pub mod wait;
 
 use std::path::Path;
 use std::time::Duration;
