@@ -80,7 +80,8 @@
 //!    - `inspect` (feature `cli`): a store's directory read without opening the store,
 //!      through `engine`'s table layout, `wal` and `storage`; it writes nothing.
 //! 4. `protocol`: the claim protocol as traits, what is written against them (`Completer`),
-//!    and what both backends share: the lease keep-alive.
+//!    and what both backends share: the claim model (`claim`), the outbox contract and the
+//!    lease keep-alive.
 //! 5. `engine`: one narrow interface (begin, execute, commit, release, extend, checkpoint,
 //!    write, forget, evict, read, stats, compact) over the writer thread, the overlay and the
 //!    redb tables.
@@ -89,7 +90,7 @@
 //!    disk.
 //! 8. `error`: what each operation can fail with.
 //! 9. `model`: values (scope, fingerprint, record, response, clock, the state machine's
-//!    `decision`, limits) and what makes one invalid; no I/O.
+//!    `decision` and a claim's rules, backoff, limits) and what makes one invalid; no I/O.
 //! 10. `metrics`: the metric names and the calls to the `metrics` facade; it names nothing.
 //!
 //! Formats and the reasoning behind them are in `docs/design.md`.

@@ -12,10 +12,10 @@
 //! - `queue`: handing requests to the writer and waiting for the answer;
 //! - `scan`: reads through the indexes (stats, abandoned work, a scope's record);
 //! - `upkeep`: eviction, checkpoints, compaction, recovery in place;
-//! - `lifecycle`, `requests`: what each request does on the writer;
-//! - `writer`, `catch_up`, `replay`, `overlay`, `database`, `poison`: durability;
+//! - `lifecycle`, `outbox`, `requests`: what each request does on the writer;
+//! - `writer`, `catch_up`, `replay`, `restore`, `overlay`, `database`, `poison`: durability;
 //! - `registry`, `tables`, `tx`, `read_tx`, `write_set`, `open_tables`: tables and access;
-//! - `counters`, `watchers`, `sweeper`, `backoff`, `context`, `job`, `meta`: their names.
+//! - `counters`, `watchers`, `sweeper`, `context`, `job`, `meta`: their names.
 
 mod begin;
 mod catch_up;

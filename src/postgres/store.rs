@@ -76,79 +76,12 @@ const RACES: usize = 8;
 /// # }
 /// ```
 ///
-/// # How it keeps the protocol
-///
-/// - **The claim is one statement**: `INSERT ... ON CONFLICT (tenant, operation, key) DO
-///   UPDATE ... WHERE <the lease expired and the fingerprint is the same, or the record is
-///   past its TTL> RETURNING ...`. PostgreSQL's row lock makes exactly one of any number of
-///   racing callers (on any number of instances) insert or take over; the returned attempt
-///   tells a fresh claim (1) from a recovery (n + 1, with the previous checkpoint). No
-///   `SERIALIZABLE` retry loop, no read-then-write.
-/// - **Answers that write nothing** (`Replay`, `InProgress`, `Mismatch`, `Expired`): when the
-///   upsert updated nothing, one plain `SELECT` reads the record, and the same pure decision
-///   function as the local store's answers.
-/// - **Fences** come from a sequence: they never repeat, across instances too.
-/// - **Time** is the database's: every statement reads `statement_timestamp()` once, so
-///   instances with skewed clocks agree on leases and TTLs. Tests replace it with a
-///   [`ManualClock`](crate::ManualClock) through [`PgBuilder::clock`]: the statements then
-///   take the time as a parameter instead, and are otherwise the same.
-/// - **`begin_or_wait`** marks the record as waited for, and wakes on the `NOTIFY` its
-///   completion or release then sends (on commit); it also polls at a bounded interval (50 ms
-///   doubling to 1 s) in case a notification was missed. Records nobody waits for are not
-///   notified: PostgreSQL serializes the commits of notifying transactions.
-/// - **Eviction** walks partial indexes (`expires_ms WHERE state = completed`, and one for
-///   tombstones) in bounded batches with `FOR UPDATE SKIP LOCKED`; a sweeper task runs it as
-///   the local store's sweeper does ([`PgBuilder::sweep`]).
-/// - **Failures**: every wait is bounded by the lease and [`PgBuilder::timeout`] (see
-///   [`PgBuilder`], "Time limits"): a lost answer or a silent network costs a key about one
-///   lease, as the server ends a silent session and frees its locks.
-///   A failure that acknowledged nothing is [`StoreError::Backend`]; a `COMMIT` whose answer
-///   was lost is [`StoreError::OutcomeUnknown`]: `begin` for the key tells whether it landed.
-///   The pool pings a connection idle for a second or more before using it, and replaces a
-///   connection that failed; a restarted database is picked up without a restart of the
-///   service (a call that was running on a connection as it died fails, the next succeeds).
-///
-/// Schema (created by an embedded, versioned, idempotent migration under the
-/// [prefix](PgBuilder::prefix)): `<prefix>records` (primary key `(tenant, operation, key)`;
-/// fingerprint, state, fence, first fence, attempt, creation, lease end, expiry, checkpoint,
-/// completion time, and the response's status, headers and body), `<prefix>fences` (the
-/// sequence), `<prefix>schema_version`, the indexes above, and (schema version 2)
-/// `<prefix>outbox` (`seq` identity, id, subject, payload, commit time) and
-/// `<prefix>dead_letters` (the same, plus attempts, last error and when it was given up).
-/// Times are `bigint` milliseconds since the Unix epoch, from the database's clock.
-///
-/// # The outbox
-///
-/// [`PgTx::publish`](crate::PgTx::publish) records messages in `<prefix>outbox` in the
-/// claim's transaction (they commit with the business rows and the completed record, or not
-/// at all); a [`Relay`](crate::relay::Relay) started on the store delivers them at least
-/// once; [`dead_letters`](PgStore::dead_letters), [`retry_dead_letter`](PgStore::retry_dead_letter)
-/// and [`drop_dead_letter`](PgStore::drop_dead_letter) work on `<prefix>dead_letters` as
-/// the local store's do; [`Stats`] counts both tables and the oldest message's age.
-///
-/// **Only one relay delivers at a time**, however many instances start one: the holder of a
-/// session-level advisory lock on a connection of its own (outside the pool). The others
-/// poll; when the holder stops, crashes or loses its connection, PostgreSQL releases the lock
-/// and the next poll takes over. The holder reads and settles on that connection, so a
-/// broken connection stops it at its next pass. A pass lasts at most about a second plus one
-/// attempt (`RelayConfig::attempt_timeout`), so a holder whose session the server ended
-/// (`pg_terminate_backend`, or its silence: see [`PgBuilder`], "Time limits")
-/// may go on handing messages to the sink for that long while the new holder starts: around
-/// a take-over a message may be delivered twice and, in that window, out of order. Session
-/// locks need a session: behind PgBouncer in transaction mode the lock does not hold, so
-/// point the store at PostgreSQL itself, or at a session-mode pool.
-///
-/// **What is ordered.** A message's seq comes from a sequence when its commit inserts it,
-/// not when it commits, and the relay delivers committed messages by seq. So, per subject,
-/// the messages of two transactions that do not overlap in time (one committed before the
-/// other began) are delivered in commit order: the earlier always has the lower seq and is
-/// visible whenever the later one is. Two transactions on the same subject that *overlap*
-/// are delivered in seq order, which may be the opposite of their commit order; and a
-/// transaction that took a low seq and commits late is delivered after higher seqs that
-/// were already delivered. Messages of one commit keep their publishing order. Nothing is
-/// lost by this: delivered messages are deleted by seq, not skipped by a high-water mark, so
-/// a late commit is delivered at the next pass. When order matters between two operations on
-/// one subject, make the second begin after the first has committed.
+/// How each part of the protocol is kept in SQL (the one-statement claim, fences from a
+/// sequence, the database's clock, `begin_or_wait`'s notifications, eviction, time limits and
+/// what a lost answer means, the schema, the outbox and its single relay) is told once, in
+/// `docs/design.md`, "The PostgreSQL backend". [`PgBuilder`] lists the settings and their
+/// ranges; [`PgTx::publish`](crate::PgTx::publish) records outbox messages in the claim's
+/// transaction, and a [`Relay`](crate::relay::Relay) delivers them.
 ///
 /// Cheap to clone: clones share one pool. Dropping the last clone stops its sweeper.
 #[derive(Clone)]

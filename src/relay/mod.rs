@@ -17,12 +17,10 @@
 //!   broker is down) pauses all delivery with the same backoff, and counts no attempt, so a
 //!   long outage sends nothing to the dead letters.
 //!
-//! Over PostgreSQL, several instances share one outbox. Each may start a relay; one at a time
-//! delivers, holding a session-level advisory lock (keyed by the table prefix) on a
-//! connection of its own, through which it also reads and settles; the others poll every
-//! [`RelayConfig::standby_poll`] and the first to find the lock free takes over when the
-//! holder stops or its connection goes. The order promised there is narrower; see
-//! [`PgStore`](crate::PgStore#the-outbox) for exactly what is and is not ordered.
+//! Over PostgreSQL, several instances share one outbox: each may start a relay, and one at a
+//! time delivers while the others stand by, polling every [`RelayConfig::standby_poll`]. How
+//! the relay lock works, how a take-over happens and the narrower order promised there are in
+//! `docs/design.md`, "The PostgreSQL backend".
 //!
 //! With a sink that deduplicates by id ([`JetStreamSink`], which sets `Nats-Msg-Id`), a message
 //! is in the stream **exactly once**. The relay reads published snapshots only, so it never

@@ -55,9 +55,8 @@ impl Relay {
     /// Starts the relay on the current tokio runtime: it delivers `store`'s outbox (a local
     /// [`Store`](crate::Store) or a [`PgStore`](crate::PgStore)) to `sink` until stopped.
     ///
-    /// Over PostgreSQL, every instance may start a relay: one at a time delivers (it holds
-    /// the prefix's advisory lock on a connection of its own), the others poll every
-    /// [`RelayConfig::standby_poll`] and take over when its connection goes.
+    /// Over PostgreSQL, every instance may start a relay; one at a time delivers (see the
+    /// [module docs](crate::relay)).
     ///
     /// # Panics
     /// Outside a tokio runtime.
