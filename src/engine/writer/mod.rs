@@ -148,6 +148,7 @@ pub(crate) struct Writer {
 }
 
 mod checkpoint;
+mod epoch_end;
 mod group;
 mod mode;
 mod publish;

@@ -1,5 +1,6 @@
 //! The end of an epoch: publishing what is durable to readers, or rebuilding without what failed.
 
+use super::epoch_end::{EpochEnd, Writes, epoch_end};
 use super::*;
 
 impl Writer {
@@ -31,16 +32,19 @@ impl Writer {
             self.unsynced.clone_from(&f.unsynced);
         }
         let tainted = epoch.tainted.take();
-        let published = match (&failure, &tainted) {
-            (Some(f), _) if f.outcome == FailedOutcome::Unknown => {
-                // The log may hold more than was acknowledged, or less: only its files can say.
+        let writes = match tainted {
+            Some(_) => Writes::Tainted,
+            None => Writes::Clean,
+        };
+        let end = epoch_end(failure.as_ref().map(|f| (f.outcome, f.first)), writes);
+        let published = match end {
+            EpochEnd::Commit => self.commit(txn, &epoch),
+            EpochEnd::Restore => {
                 drop(txn);
                 self.restore_for_epoch(Reopen::IfNeeded)
             }
-            (None, None) => self.commit(txn, &epoch),
-            (failure, _) => {
+            EpochEnd::Rebuild { keep_below } => {
                 drop(txn);
-                let keep_below = failure.as_ref().map_or(u64::MAX, |f| f.first);
                 let rebuilt = self.rebuild(&epoch, keep_below);
                 if let Some(log) = self.mode.log() {
                     log.resume();
