@@ -105,75 +105,114 @@ async fn run<B: Outbox, S: Sink>(
     counters: Arc<Counters>,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let mut failing: HashMap<u64, Failing> = HashMap::new();
-    // Seqs settled but possibly still in the published snapshot (until the writer's epoch
-    // is published): never delivered twice because of that lag.
-    let mut settled: HashSet<u64> = HashSet::new();
-    let mut outage = Outage::default();
-    let mut store_retry = Backoff::new(config.first_backoff, config.max_backoff);
-    // What the backend needs to hold or wait for the turn (over PostgreSQL, a connection).
-    let mut handle: Option<B::Handle> = None;
+    let mut relay = Delivery::new(&store, &sink, &config, &counters);
     while !*stopped.borrow() {
-        match store.take_turn(&mut handle).await {
+        if let Next::Pause(wait) = relay.step().await {
+            pause(&mut stopped, wait).await;
+        }
+    }
+    if let Some(held) = relay.handle.take() {
+        store.end_turn(held).await;
+    }
+}
+
+/// What the relay does after a step: go on at once, or wait first (unless stopped).
+enum Next {
+    Again,
+    Pause(Duration),
+}
+
+/// One relay's delivery state, carried from pass to pass while it holds the turn.
+struct Delivery<'a, B: Outbox, S: Sink> {
+    store: &'a B,
+    sink: &'a Arc<S>,
+    config: &'a RelayConfig,
+    counters: &'a Counters,
+    failing: HashMap<u64, Failing>,
+    /// Seqs settled but possibly still in the published snapshot (until the writer's epoch
+    /// is published): never delivered twice because of that lag.
+    settled: HashSet<u64>,
+    outage: Outage,
+    store_retry: Backoff,
+    /// What the backend needs to hold or wait for the turn (over PostgreSQL, a connection).
+    handle: Option<B::Handle>,
+}
+
+impl<'a, B: Outbox, S: Sink> Delivery<'a, B, S> {
+    fn new(
+        store: &'a B,
+        sink: &'a Arc<S>,
+        config: &'a RelayConfig,
+        counters: &'a Counters,
+    ) -> Self {
+        Delivery {
+            store,
+            sink,
+            config,
+            counters,
+            failing: HashMap::new(),
+            settled: HashSet::new(),
+            outage: Outage::default(),
+            store_retry: Backoff::new(config.first_backoff, config.max_backoff),
+            handle: None,
+        }
+    }
+
+    /// Takes the turn, waits out an outage, or makes one pass.
+    async fn step(&mut self) -> Next {
+        match self.store.take_turn(&mut self.handle).await {
             Ok(Turn::Ours) => {}
             Ok(Turn::Theirs) => {
                 // Another relay delivers: what this one knew of attempts is stale.
-                failing.clear();
-                settled.clear();
-                outage = Outage::default();
-                store_retry.reset();
-                pause(
-                    &mut stopped,
-                    config.standby_poll.max(Duration::from_millis(1)),
-                )
-                .await;
-                continue;
+                self.failing.clear();
+                self.settled.clear();
+                self.outage = Outage::default();
+                self.store_retry.reset();
+                return Next::Pause(self.config.standby_poll.max(Duration::from_millis(1)));
             }
-            Err(e) => {
-                store_failed(&counters, &e, "taking the turn to deliver");
-                handle = None;
-                pause(&mut stopped, store_retry.failed()).await;
-                continue;
-            }
+            Err(e) => return self.store_failed(&e, "taking the turn to deliver"),
         }
-        let Some(held) = handle.as_mut() else {
-            continue;
-        };
+        if self.handle.is_none() {
+            return Next::Again;
+        }
         // The sink is down: nothing to read until it is worth trying again. Waited out in
         // short steps, each taking the turn again: over PostgreSQL that keeps the lock's
         // session from looking silent to the server through a long outage.
-        if let Some(at) = outage.retry_at {
+        if let Some(at) = self.outage.retry_at {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {
-                pause(&mut stopped, left.min(config.idle_poll.max(BLOCKED_POLL))).await;
-                continue;
+                return Next::Pause(left.min(self.config.idle_poll.max(BLOCKED_POLL)));
             }
         }
-        Counters::add(&counters.passes, 1);
+        self.pass().await
+    }
+
+    /// Reads a batch, delivers it and settles what it could.
+    async fn pass(&mut self) -> Next {
+        let (store, config) = (self.store, self.config);
+        let Some(held) = self.handle.as_mut() else {
+            return Next::Again;
+        };
+        Counters::add(&self.counters.passes, 1);
         // The store's backoff is reset only once a whole pass went through (read, and
         // settled if anything was delivered): a read that works between settlements that
         // fail would otherwise undo the doubling.
-        let waiting = waiting_subjects(&failing);
+        let waiting = waiting_subjects(&self.failing);
         let pending = match store.pending(held, config.batch, &waiting).await {
             Ok(pending) => pending,
-            Err(e) => {
-                // The turn may be gone with its connection: take it again before going on.
-                store_failed(&counters, &e, "reading the outbox");
-                handle = None;
-                pause(&mut stopped, store_retry.failed()).await;
-                continue;
-            }
+            // The turn may be gone with its connection: take it again before going on.
+            Err(e) => return self.store_failed(&e, "reading the outbox"),
         };
         let in_snapshot: HashSet<u64> = pending.iter().map(|m| m.seq).collect();
-        settled.retain(|seq| in_snapshot.contains(seq));
+        self.settled.retain(|seq| in_snapshot.contains(seq));
         let full = pending.len() >= config.batch;
         let pass = deliver_pass(
             &pending,
-            &settled,
-            (&mut failing, &mut outage),
-            &sink,
-            &config,
-            &counters,
+            &self.settled,
+            (&mut self.failing, &mut self.outage),
+            self.sink,
+            config,
+            self.counters,
         )
         .await;
         let (wake, pass_end, failed) = (pass.next_retry, pass.end, pass.failed);
@@ -185,49 +224,53 @@ async fn run<B: Outbox, S: Sink>(
                 .copied()
                 .chain(pass.dead.iter().map(|d| d.message.seq))
                 .collect();
-            match store.settle(held, pass.delivered, pass.dead).await {
-                Ok(()) => {
-                    // A dead letter's count goes only now: had the settlement failed, it
-                    // would have been buried again after one more attempt, not after
-                    // max_attempts more.
-                    for seq in &seqs {
-                        failing.remove(seq);
-                    }
-                    settled.extend(seqs);
-                }
-                Err(e) => {
-                    // Delivered but still in the outbox: delivered again later, same ids.
-                    store_failed(&counters, &e, "settling delivered messages");
-                    handle = None;
-                    pause(&mut stopped, store_retry.failed()).await;
-                    continue;
-                }
+            let Some(held) = self.handle.as_mut() else {
+                return Next::Again;
+            };
+            if let Err(e) = store.settle(held, pass.delivered, pass.dead).await {
+                // Delivered but still in the outbox: delivered again later, same ids.
+                return self.store_failed(&e, "settling delivered messages");
             }
+            // A dead letter's count goes only now: had the settlement failed, it would have
+            // been buried again after one more attempt, not after max_attempts more.
+            for seq in &seqs {
+                self.failing.remove(seq);
+            }
+            self.settled.extend(seqs);
         }
-        store_retry.reset();
+        self.store_retry.reset();
         // A full batch may hide more: read again at once after progress, or when a subject
         // failed in this pass (the next read leaves it out, and reaches past it).
         if (full && (progressed || failed)) || (pass_end == PassEnd::OutOfTime && progressed) {
-            continue;
+            return Next::Again;
         }
-        // Messages waiting out a backoff: look again when the first is due, or sooner for
-        // new messages of other subjects, but not every idle_poll when nothing moved (each
-        // look reads the batch again, payloads and all).
-        let now = Instant::now();
-        let cap = if progressed {
-            config.idle_poll
-        } else {
-            config.idle_poll.max(BLOCKED_POLL)
-        };
-        let sleep = wake.map_or(config.idle_poll, |at| {
-            at.saturating_duration_since(now)
-                .min(cap.max(Duration::from_millis(1)))
-        });
-        pause(&mut stopped, sleep.max(Duration::from_millis(1))).await;
+        Next::Pause(next_look(config, wake, progressed))
     }
-    if let Some(held) = handle {
-        store.end_turn(held).await;
+
+    /// The store failed: drop the turn (it may be gone with its connection) and back off.
+    fn store_failed(&mut self, e: &StoreError, doing: &str) -> Next {
+        store_failed(self.counters, e, doing);
+        self.handle = None;
+        Next::Pause(self.store_retry.failed())
     }
+}
+
+/// How long to wait before reading again after a pass that settled what it could. Messages
+/// waiting out a backoff: look again when the first (`wake`) is due, or sooner for new
+/// messages of other subjects, but not every idle_poll when nothing moved (each look reads the
+/// batch again, payloads and all).
+fn next_look(config: &RelayConfig, wake: Option<Instant>, progressed: bool) -> Duration {
+    let now = Instant::now();
+    let cap = if progressed {
+        config.idle_poll
+    } else {
+        config.idle_poll.max(BLOCKED_POLL)
+    };
+    let sleep = wake.map_or(config.idle_poll, |at| {
+        at.saturating_duration_since(now)
+            .min(cap.max(Duration::from_millis(1)))
+    });
+    sleep.max(Duration::from_millis(1))
 }
 
 /// The longest a pass delivers before it settles and reads again. Over PostgreSQL that is
