@@ -141,11 +141,11 @@ pub use model::scope::{Scope, ScopePart};
 pub use model::stats::Stats;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgClaim, PgStore, PgTx};
-pub use protocol::KeepAlive;
 #[cfg(feature = "tokio")]
-pub use protocol::{Completer, CompleterTask, Round};
+pub use protocol::completer::{Completer, CompleterTask, Round};
+pub use protocol::keep_alive::KeepAlive;
 #[cfg(feature = "tokio")]
-pub use protocol::{Protocol, ProtocolClaim};
+pub use protocol::traits::{Protocol, ProtocolClaim};
 pub use wal::RecoveryReport;
 
 /// redb, re-exported so that table definitions use the same version the store was built with.

@@ -4,7 +4,7 @@
 //! A backend is a [`Protocol`] (the store side: `begin`, `begin_or_wait`, eviction, the
 //! abandoned-work listing, stats) and a [`ProtocolClaim`] (what a winner holds: `complete`,
 //! `release`, `extend`, `checkpoint`, fenced). The HTTP layer, the extractor and the
-//! [`Completer`] are written against these traits, and
+//! [`Completer`](crate::Completer) are written against these traits, and
 //! [`testing::conformance`](crate::testing::conformance) (feature `testing`) checks a backend
 //! against them with real tasks racing the same keys.
 //!
@@ -22,20 +22,21 @@
 //! its inherent methods of the same names (`Store::begin`, `Claim::release`) are the blocking
 //! ones, and a call that means the async one fails to compile rather than block.
 
+// The generic forms of the answers, for code written against the traits: the only public
+// items here. The crate root has the rest (the traits, `KeepAlive`, `Completer`) once each,
+// and `Begin`/`CommitError` with the local claim as their default, as `io::Result` is
+// `Result` with `io::Error`.
 pub use crate::error::CommitError;
 pub use crate::model::begin::Begin;
 
 pub(crate) mod claim;
 #[cfg(feature = "tokio")]
-mod completer;
+pub(crate) mod completer;
 pub(crate) mod keep_alive;
 #[cfg(feature = "tokio")]
 pub(crate) mod outbox;
 #[cfg(feature = "tokio")]
-mod traits;
+pub(crate) mod traits;
 
 #[cfg(feature = "tokio")]
-pub use self::completer::{Completer, CompleterTask, Round};
-pub use self::keep_alive::KeepAlive;
-#[cfg(feature = "tokio")]
-pub use self::traits::{Protocol, ProtocolClaim};
+pub(crate) use self::traits::{Protocol, ProtocolClaim};
