@@ -75,7 +75,10 @@ impl<'a> Context<'a> {
     /// request's writes so that it survives with the claim that uses it.
     pub(crate) fn allocate_fence(&mut self, tx: &mut Tx<'_>) -> u64 {
         let fence = *self.next_fence;
-        *self.next_fence += 1;
+        // Fences only grow: a restore takes the larger of the counter and the file's.
+        *self.next_fence = fence
+            .checked_add(1)
+            .expect("a store hands out fewer than 2^64 fences");
         tx.put_raw(
             self.tables.meta,
             META_NEXT_FENCE,

@@ -302,6 +302,11 @@ impl Log {
             .map_err(|error| AppendError::Unknown { error, seq })?;
         crate::metrics::seconds(crate::metrics::LOG_SYNC_SECONDS, syncing.elapsed());
         segment.end += frame_len;
+        assert!(
+            segment.last_seq.is_none_or(|last| last < seq),
+            "log frame {seq} appended after frame {:?} of its segment: frames are numbered in order",
+            segment.last_seq
+        );
         segment.last_seq = Some(seq);
         self.next_seq += 1;
         self.since_checkpoint += frame_len;
