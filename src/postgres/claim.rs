@@ -49,13 +49,14 @@ impl PgClaim {
         row: &PgRow,
     ) -> Result<Self, StoreError> {
         let read = |e: sqlx::Error| backend("read the claim", &e);
-        let number =
-            |what: &str, value: i64| u64::try_from(value).map_err(|_| unknown_value(what, value));
+        let number = |what: &str, value: i64| {
+            u64::try_from(value).map_err(|_| not_a_claim(&format!("{what} {value}")))
+        };
         let fence = number("fence", row.try_get("fence").map_err(read)?)?;
         let origin_fence = number("origin fence", row.try_get("origin_fence").map_err(read)?)?;
         let attempt: i32 = row.try_get("attempt").map_err(read)?;
         let attempt =
-            u32::try_from(attempt).map_err(|_| unknown_value("attempt", attempt.into()))?;
+            u32::try_from(attempt).map_err(|_| not_a_claim(&format!("attempt {attempt}")))?;
         let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
         let lease_until = lease_until.unwrap_or(0);
         // The claim set its lease to its statement's `now` plus this lease, to the millisecond.
@@ -69,9 +70,7 @@ impl PgClaim {
             checkpoint: row.try_get("checkpoint").map_err(read)?,
         };
         if let Some(broken) = grant.invalid() {
-            return Err(StoreError::Backend {
-                message: format!("the claim's row for {scope} is not one a claim writes ({broken}): is the table ours?").into(),
-            });
+            return Err(not_a_claim(&format!("a grant for {scope} where {broken}")));
         }
         Ok(PgClaim {
             store,
@@ -368,11 +367,11 @@ impl Renew for PgStore {
     }
 }
 
-/// A claim's row held a number no claim writes (a negative fence, attempt 0...).
-fn unknown_value(what: &str, value: i64) -> StoreError {
+/// A claiming statement returned `what`, which no claim writes.
+fn not_a_claim(what: &str) -> StoreError {
     StoreError::Backend {
         message: format!(
-            "the claim's row holds {what} {value}, which no claim writes: is the table ours?"
+            "the claim's row holds {what}, which no claim writes: is the table idemstore's?"
         )
         .into(),
     }
