@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// A group's writes to the records table: each key with its new value, or `None` for a delete.
+type GroupRecords = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+
 impl Writer {
     /// Runs jobs from the front of `group` (moving each to `done`) until the group is empty,
     /// its writes pass the memory budget's group share, or a job needs more than durability; in `Wal` mode,
@@ -33,40 +36,10 @@ impl Writer {
             let Some(mut job) = group.pop_front() else {
                 break;
             };
-            let mut writes = WriteSet::default();
-            let keep = {
-                let mut tx = Tx::new(txn, open, &self.shared.registry, &mut writes);
-                let mut ctx = Context::new(
-                    now,
-                    &self.shared.config,
-                    &self.shared.pace,
-                    self.shared.tables,
-                    &self.shared.watchers,
-                    &mut self.next_fence,
-                );
-                let keep = job.run(&mut tx, &mut ctx);
-                outcome.needs = outcome.needs.max(ctx.needs());
-                keep
-            };
+            let (keep, writes) = self.run_job(txn, open, job.as_mut(), now, &mut outcome.needs);
             done.push(job);
             if keep == Keep::Writes && !writes.is_empty() {
-                // A table's key type orders the keys as they are inserted: user code, which
-                // may panic. Caught here, it fails this group instead of the writer.
-                let registry = &self.shared.registry;
-                let applied =
-                    catch_unwind(AssertUnwindSafe(|| registry.apply(txn, open, writes.ops())));
-                match applied {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => return Err(e.into()),
-                    Err(panic) => {
-                        return Err(StoreError::Internal {
-                            message: format!(
-                                "applying a request's writes panicked (a table's key or value type?): {}",
-                                panic_message(panic.as_ref())
-                            ),
-                        });
-                    }
-                }
+                self.apply(txn, open, &writes)?;
                 outcome.changed = true;
                 outcome.bytes += writes.bytes();
                 kept.push(writes);
@@ -78,28 +51,82 @@ impl Writer {
         }
         if outcome.changed {
             if self.mode.log().is_some() {
-                let mut encoded = Vec::new();
-                let registry = &self.shared.registry;
-                let ops = kept.iter().flat_map(WriteSet::ops).map(|op| wal::Op {
-                    table: registry.table(op.table).name(),
-                    key: &op.key,
-                    value: op.value.as_deref(),
-                });
-                wal::encode_group(ops, &mut encoded).map_err(|e| StoreError::Internal {
-                    message: format!("encoding a log frame failed: {e}"),
-                })?;
-                outcome.payload = Some(Arc::new(encoded));
-                let table = self.shared.tables.records;
-                outcome.records = kept
-                    .into_iter()
-                    .flat_map(WriteSet::into_ops)
-                    .filter(|op| op.table == table)
-                    .map(|op| (op.key, op.value))
-                    .collect();
+                let (payload, records) = self.frame(kept)?;
+                outcome.payload = Some(payload);
+                outcome.records = records;
             }
             Counters::add(&self.shared.counters.groups_committed, 1);
         }
         Ok(outcome)
+    }
+
+    /// Runs one job against the group's transaction, into a write set of its own; raises
+    /// `needs` to what the job asked for.
+    fn run_job(
+        &mut self,
+        txn: &WriteTransaction,
+        open: &mut OpenTables<'_>,
+        job: &mut dyn Job,
+        now: Timestamp,
+        needs: &mut Needs,
+    ) -> (Keep, WriteSet) {
+        let mut writes = WriteSet::default();
+        let mut tx = Tx::new(txn, open, &self.shared.registry, &mut writes);
+        let mut ctx = Context::new(
+            now,
+            &self.shared.config,
+            &self.shared.pace,
+            self.shared.tables,
+            &self.shared.watchers,
+            &mut self.next_fence,
+        );
+        let keep = job.run(&mut tx, &mut ctx);
+        *needs = (*needs).max(ctx.needs());
+        drop(tx);
+        (keep, writes)
+    }
+
+    /// Applies a kept write set to the transaction. A table's key type orders the keys as they
+    /// are inserted: user code, which may panic. Caught here, it fails this group instead of
+    /// the writer.
+    fn apply(
+        &self,
+        txn: &WriteTransaction,
+        open: &mut OpenTables<'_>,
+        writes: &WriteSet,
+    ) -> Result<(), StoreError> {
+        let registry = &self.shared.registry;
+        match catch_unwind(AssertUnwindSafe(|| registry.apply(txn, open, writes.ops()))) {
+            Ok(applied) => applied.map_err(StoreError::from),
+            Err(panic) => Err(StoreError::Internal {
+                message: format!(
+                    "applying a request's writes panicked (a table's key or value type?): {}",
+                    panic_message(panic.as_ref())
+                ),
+            }),
+        }
+    }
+
+    /// The group's log payload, and its writes to the records table for the overlay.
+    fn frame(&self, kept: Vec<WriteSet>) -> Result<(Arc<Vec<u8>>, GroupRecords), StoreError> {
+        let mut encoded = Vec::new();
+        let registry = &self.shared.registry;
+        let ops = kept.iter().flat_map(WriteSet::ops).map(|op| wal::Op {
+            table: registry.table(op.table).name(),
+            key: &op.key,
+            value: op.value.as_deref(),
+        });
+        wal::encode_group(ops, &mut encoded).map_err(|e| StoreError::Internal {
+            message: format!("encoding a log frame failed: {e}"),
+        })?;
+        let table = self.shared.tables.records;
+        let records = kept
+            .into_iter()
+            .flat_map(WriteSet::into_ops)
+            .filter(|op| op.table == table)
+            .map(|op| (op.key, op.value))
+            .collect();
+        Ok((Arc::new(encoded), records))
     }
 
     /// Gives a group to the log (`Wal`) or keeps its jobs for the publish (`Redb`).
