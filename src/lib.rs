@@ -83,8 +83,8 @@
 //!    and what both backends share: the claim model (`claim`), the outbox contract and the
 //!    lease keep-alive.
 //! 5. `engine`: one narrow interface (begin, execute, commit, release, extend, checkpoint,
-//!    write, forget, evict, read, stats, compact) over the writer thread, the overlay and the
-//!    redb tables.
+//!    write, forget, evict, read, stats, compact), in folders by what they do: `reads`,
+//!    `requests`, `writer`, `recovery`, `tables`.
 //! 6. `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
 //! 7. `storage`: files and directories, the real ones and (feature `testing`) the simulated
 //!    disk.

@@ -8,55 +8,40 @@
 //! transactions directly and never wait for the writer. The engine must never answer a request
 //! before the request's group is durable.
 //!
-//! - `begin`: `begin` and `begin_or_wait`: the read path, then the writer;
-//! - `queue`: handing requests to the writer and waiting for the answer;
-//! - `scan`: reads through the indexes (stats, abandoned work, a scope's record);
-//! - `upkeep`: eviction, checkpoints, compaction, recovery in place;
-//! - `lifecycle`, `outbox`, `requests`: what each request does on the writer;
-//! - `writer`, `catch_up`, `replay`, `restore`, `overlay`, `database`, `poison`: durability;
-//! - `registry`, `tables`, `tx`, `read_tx`, `write_set`, `open_tables`: tables and access;
-//! - `counters`, `watchers`, `sweeper`, `context`, `job`, `meta`: their names.
+//! The folders, each named by what it does:
+//! - `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through the
+//!   indexes, the overlay of acknowledged records not yet published, the claims held here;
+//! - `requests`: each write a facade can ask for, and what it does on the writer;
+//! - `writer`: the writer thread, the queue to it, its jobs, groups, epochs and checkpoints;
+//! - `recovery`: catching up with the log at open, replay, restoring in place, the poison;
+//! - `tables`: the registry, the store's own tables and key layout, transactions, the file;
+//! - `upkeep` (eviction, checkpoints, compaction, recovery on request), the `sweeper` that
+//!   runs it, and the `counters`, at the top.
 
-mod begin;
-mod catch_up;
-mod context;
 mod counters;
-mod database;
-mod job;
-mod lifecycle;
-mod meta;
-mod open_tables;
-mod outbox;
-mod overlay;
-mod poison;
-mod queue;
-mod read_tx;
-mod registry;
-mod replay;
+mod reads;
+mod recovery;
 mod requests;
-mod restore;
-mod scan;
 mod sweeper;
 mod tables;
-mod tx;
 mod upkeep;
-mod watchers;
-mod write_set;
 mod writer;
 
-pub(crate) use self::lifecycle::{CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure};
-pub use self::read_tx::ReadTx;
+pub(crate) use self::reads::watchers::HoldToken;
 pub(crate) use self::requests::Request;
-pub(crate) use self::tables::Tables;
-pub use self::tx::{OwnedValue, Tx};
-pub(crate) use self::watchers::HoldToken;
+pub(crate) use self::requests::answers::{
+    CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure,
+};
+pub(crate) use self::tables::layout::Tables;
+pub use self::tables::read_tx::ReadTx;
+pub use self::tables::tx::{OwnedValue, Tx};
 
 /// The store's table names, meta keys and index key layout, for reading a store's file
 /// without an engine (`inspect`, feature `cli`): the layout is documented in `docs/design.md`
 /// and is the one thing an offline reader must share with the engine.
 #[cfg(feature = "cli")]
 pub(crate) mod layout {
-    pub(crate) use super::tables::{
+    pub(crate) use super::tables::layout::{
         EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
         META_NEXT_FENCE, RECORDS, TOMBSTONES, index_key, split_index_key,
     };
@@ -65,14 +50,14 @@ pub(crate) mod layout {
 /// The write requests the facades build, one constructor per operation.
 pub(crate) mod request {
     #[cfg(feature = "tokio")]
-    pub(crate) use super::outbox::settle;
-    pub(crate) use super::outbox::{drop_dead, retry_dead};
+    pub(crate) use super::requests::outbox::settle;
+    pub(crate) use super::requests::outbox::{drop_dead, retry_dead};
     pub(crate) use super::requests::{
         checkpoint, checkpoint_log, commit, extend, forget, release, write,
     };
 }
 #[cfg(feature = "tokio")]
-pub(crate) use self::outbox::Settlement;
+pub(crate) use self::requests::outbox::Settlement;
 
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, sync_channel};
@@ -89,13 +74,13 @@ use crate::storage::{Storage, SyncWatch};
 use crate::wal::RecoveryReport;
 
 use self::counters::Counters;
-use self::database::DbSlot;
-use self::job::Job;
-use self::overlay::Overlay;
-use self::poison::Poison;
-use self::registry::Registry;
-use self::tables::InternalTables;
+use self::reads::overlay::Overlay;
+use self::recovery::poison::Poison;
+use self::tables::database::DbSlot;
+use self::tables::layout::InternalTables;
+use self::tables::registry::Registry;
 use self::writer::Writer;
+use self::writer::job::Job;
 
 /// Queued requests per request the writer takes into a group: room for the next group to
 /// gather while one is being synced, and back-pressure beyond it.
@@ -117,7 +102,7 @@ pub(crate) struct Shared {
     /// Records acknowledged but not yet published to redb.
     pub(crate) overlay: Arc<Overlay>,
     /// Claims held and callers waiting, per scope, in this process.
-    pub(crate) watchers: Arc<watchers::Watchers>,
+    pub(crate) watchers: Arc<reads::watchers::Watchers>,
     /// What the last recovery (at open, or in place) found in the log.
     pub(crate) recovery: Arc<Mutex<RecoveryReport>>,
     /// Whether a sync of the database file failed since it was last written whole.
@@ -155,16 +140,16 @@ impl Engine {
         let db_watch = Arc::new(SyncWatch::default());
         // redb panics on some damaged files; every step that reads the file is guarded, so
         // that a damaged store is an error that says so.
-        let db = restore::guarded(&storage, || {
+        let db = recovery::restore::guarded(&storage, || {
             storage.database(config.memory().redb_cache, &db_watch)
         })?;
-        restore::guarded(&storage, || {
-            meta::set_up(&db, &registry, &storage.db_path())
+        recovery::restore::guarded(&storage, || {
+            tables::meta::set_up(&db, &registry, &storage.db_path())
         })?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.
-        let caught_up = restore::guarded(&storage, || {
-            catch_up::catch_up(&db, &registry, &storage, &config, None)
+        let caught_up = recovery::restore::guarded(&storage, || {
+            recovery::catch_up::catch_up(&db, &registry, &storage, &config, None)
         })?;
         log_opened(&caught_up.report);
 
@@ -328,103 +313,4 @@ impl Drop for Engine {
 }
 
 #[cfg(test)]
-mod tests {
-    use crate::error::StoreError;
-    use crate::model::clock::{ManualClock, Timestamp};
-    use crate::model::config::{SelfHeal, Sweep};
-    use crate::{Begin, Fingerprint, Response, Scope, Store};
-
-    /// While poisoned (here with self-heal off, so it stays so), a store answers everything
-    /// that only reads: a replay, `get`, business reads, stats (which say why). Writes are
-    /// refused with the cause. `reopen` brings it back.
-    #[test]
-    fn a_poisoned_store_answers_reads_refuses_writes_and_comes_back_on_reopen()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let store = Store::builder()
-            .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-            .sweep(Sweep::Off)
-            .self_heal(SelfHeal::Off)
-            .open(dir.path().join("idem"))?;
-        let scope = Scope::new("t", "op", "done")?;
-        let fingerprint = Fingerprint::of_bytes(b"request");
-        let Begin::Claimed(claim) = store.begin(&scope, fingerprint)? else {
-            return Err("a new key is claimed".into());
-        };
-        claim.commit(|_| Ok(Response::new(201, "stored")))?;
-
-        let cause = StoreError::unknown("syncing the log", &"an injected failure");
-        store.engine().poison_for_test(&cause);
-        assert!(
-            matches!(store.begin(&scope, fingerprint)?, Begin::Replay(r) if r.body() == b"stored")
-        );
-        assert!(store.get(&scope)?.is_some());
-        assert!(store.read().is_ok(), "business reads");
-        let stats = store.stats()?;
-        assert!(
-            stats
-                .poisoned
-                .as_deref()
-                .is_some_and(|c| c.contains("injected")),
-            "{stats:?}"
-        );
-        let refused = store
-            .begin(&Scope::new("t", "op", "new")?, fingerprint)
-            .err()
-            .ok_or("a poisoned store took a new claim")?;
-        assert!(matches!(refused, StoreError::Poisoned { .. }), "{refused}");
-        assert!(store.writable().is_err());
-
-        let report = store.reopen()?;
-        assert_eq!(report.bytes_dropped, 0);
-        assert!(store.writable().is_ok());
-        assert!(matches!(
-            store.begin(&Scope::new("t", "op", "new")?, fingerprint)?,
-            Begin::Claimed(_)
-        ));
-        assert_eq!(store.stats()?.restores, 1);
-        Ok(())
-    }
-
-    /// While a compaction holds the file, `begin_async` does not read inline (which would block
-    /// a runtime worker for the whole compaction): it reads from the blocking pool and answers
-    /// once the file is free.
-    #[cfg(feature = "tokio")]
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn begin_reads_off_the_runtime_while_the_file_is_held()
-    -> Result<(), Box<dyn std::error::Error>> {
-        let dir = tempfile::tempdir()?;
-        let store = Store::builder()
-            .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-            .sweep(Sweep::Off)
-            .open(dir.path().join("idem"))?;
-        let scope = Scope::new("t", "op", "k")?;
-        let fingerprint = Fingerprint::of_bytes(b"request");
-        let Begin::Claimed(claim) = store.begin_async(&scope, fingerprint).await? else {
-            return Err("a new key is claimed".into());
-        };
-        claim
-            .commit_async(|_| Ok(Response::new(201, "done")))
-            .await?;
-        store.checkpoint_async().await?; // published to redb: the read must go to the file
-
-        let engine = store.engine();
-        let held = engine.hold_exclusively();
-        assert!(
-            engine.try_read_path::<()>(&scope, fingerprint).is_none(),
-            "no inline read while held"
-        );
-        let begin = tokio::spawn({
-            let (store, scope) = (store.clone(), scope.clone());
-            async move { store.begin_async(&scope, fingerprint).await }
-        });
-        drop(held);
-        let answer = begin.await??;
-        assert!(matches!(answer, Begin::Replay(r) if r.body() == b"done"));
-        assert!(matches!(
-            engine.try_read_path::<()>(&scope, fingerprint),
-            Some(Ok(Some(Begin::Replay(_))))
-        ));
-        Ok(())
-    }
-}
+mod tests;

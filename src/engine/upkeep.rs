@@ -7,7 +7,7 @@ use crate::model::maintenance::{Compacted, Evicted};
 use crate::wal::RecoveryReport;
 
 use super::Engine;
-use super::requests;
+use crate::engine::requests;
 
 /// redb compacts in passes; more than this many passes that all moved something is unusual.
 const COMPACTION_PASSES: usize = 16;

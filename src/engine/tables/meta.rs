@@ -10,10 +10,10 @@ use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTr
 
 use crate::error::OpenError;
 
-use super::registry::Registry;
-use super::tables::{
+use super::layout::{
     FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, META_NEXT_FENCE,
 };
+use super::registry::Registry;
 use crate::wal::Checkpoint;
 
 const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);

@@ -13,9 +13,9 @@ use crate::model::record::Record;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 
-use super::Engine;
-use super::lifecycle::{Held, UserWork};
-use super::requests;
+use crate::engine::Engine;
+use crate::engine::requests;
+use crate::engine::requests::answers::{Held, UserWork};
 
 /// The longest `begin_or_wait` waits when asked for more than the clock can represent.
 const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
@@ -248,7 +248,7 @@ impl Engine {
 
     /// [`Engine::read_path`] if it can run without waiting for a compaction to finish.
     #[cfg(feature = "tokio")]
-    pub(super) fn try_read_path<C>(
+    pub(in crate::engine) fn try_read_path<C>(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,

@@ -14,12 +14,12 @@ use crate::error::StoreError;
 use crate::model::clock::Timestamp;
 use crate::model::message::{DeadLetter, Message, message_key};
 
-use super::Engine;
-use super::context::Context;
-use super::job::Keep;
-use super::requests::Request;
-use super::tables::{DEAD_LETTERS, META_NEXT_MESSAGE, OUTBOX};
-use super::tx::Tx;
+use super::Request;
+use crate::engine::Engine;
+use crate::engine::tables::layout::{DEAD_LETTERS, META_NEXT_MESSAGE, OUTBOX};
+use crate::engine::tables::tx::Tx;
+use crate::engine::writer::context::Context;
+use crate::engine::writer::job::Keep;
 
 fn raw(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
     TableDefinition::new(name)

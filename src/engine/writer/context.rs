@@ -1,15 +1,15 @@
 //! What a request sees of the writer besides the transaction: the time, the settings, and the
 //! fence counter.
 
-use super::tx::Tx;
+use crate::engine::tables::tx::Tx;
 use crate::model::clock::Timestamp;
 use crate::model::config::Config;
 use crate::model::pace::Pace;
 
 use std::sync::Arc;
 
-use super::tables::{InternalTables, META_NEXT_FENCE};
-use super::watchers::Watchers;
+use crate::engine::reads::watchers::Watchers;
+use crate::engine::tables::layout::{InternalTables, META_NEXT_FENCE};
 
 /// Per-request view of the writer's state.
 #[derive(Debug)]

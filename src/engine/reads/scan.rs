@@ -15,11 +15,13 @@ use crate::model::record::{Record, RecordState, Visibility};
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 
-use super::Engine;
 use super::overlay::Overlaid;
-use super::read_tx::ReadTx;
-use super::requests;
-use super::tables::{LEASES, RECORDS, decode_stored, index_bound_after, split_index_key};
+use crate::engine::Engine;
+use crate::engine::requests;
+use crate::engine::tables::layout::{
+    LEASES, RECORDS, decode_stored, index_bound_after, split_index_key,
+};
+use crate::engine::tables::read_tx::ReadTx;
 
 /// The store's own tables, read as bytes.
 fn raw(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
@@ -35,7 +37,7 @@ struct Counted {
     tombstones: u64,
     /// `created_at` of the in-progress record whose lease ends first.
     first_in_progress: Option<Timestamp>,
-    outbox: super::outbox::OutboxCounts,
+    outbox: crate::engine::requests::outbox::OutboxCounts,
 }
 
 impl Engine {
@@ -161,7 +163,7 @@ impl Engine {
             completed: len(tables.expiry)?,
             tombstones: len(tables.tombstones)?,
             first_in_progress: first_in_progress(txn)?,
-            outbox: super::outbox::counts_in(txn)?,
+            outbox: crate::engine::requests::outbox::counts_in(txn)?,
         })
     }
 
@@ -175,7 +177,7 @@ impl Engine {
     }
 
     /// Asks the writer to publish durable groups that redb readers cannot see yet, if any.
-    pub(super) fn publish_acknowledged(&self) -> Result<(), StoreError> {
+    pub(in crate::engine) fn publish_acknowledged(&self) -> Result<(), StoreError> {
         if self.shared.overlay.is_unpublished() {
             self.run(requests::publish())?;
         }
@@ -196,7 +198,10 @@ impl Engine {
     /// The stored record of a scope (expired records included): from the overlay if a durable
     /// group not yet published wrote it, else from a redb read transaction. Answered while the
     /// store is poisoned too: reads never depend on the writer.
-    pub(super) fn read_record(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
+    pub(in crate::engine) fn read_record(
+        &self,
+        scope: &Scope,
+    ) -> Result<Option<Record>, StoreError> {
         // The overlay first, then redb: the writer publishes (commits) before it clears the
         // overlay, so a record missing here is in any snapshot begun after this lookup.
         if let Some(found) = self.overlaid(scope) {
@@ -209,7 +214,7 @@ impl Engine {
     /// exclusively (by a compaction or a reopen). For async callers, whose runtime worker must
     /// not wait that long; a read of cached pages takes microseconds.
     #[cfg(feature = "tokio")]
-    pub(super) fn try_read_record(
+    pub(in crate::engine) fn try_read_record(
         &self,
         scope: &Scope,
     ) -> Option<Result<Option<Record>, StoreError>> {
@@ -249,7 +254,7 @@ fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError>
 fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(StoreError::Damaged {
-            detail: super::job::panic_message(panic.as_ref()),
+            detail: crate::engine::writer::job::panic_message(panic.as_ref()),
         })
     })
 }

@@ -6,7 +6,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::tx::Tx;
+use crate::engine::tables::tx::Tx;
 use crate::error::StoreError;
 use crate::wal::RecoveryReport;
 

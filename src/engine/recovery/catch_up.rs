@@ -20,9 +20,9 @@ use crate::model::config::{Config, Durability};
 use crate::storage::{LogDir, Storage};
 use crate::wal::{self, Checkpoint, LogStart, RecoveryReport, ReplayFrame, Unsynced};
 
-use super::meta;
-use super::registry::Registry;
 use super::replay;
+use crate::engine::tables::meta;
+use crate::engine::tables::registry::Registry;
 
 /// Frames replayed per redb transaction.
 const REPLAY_FRAMES_PER_TXN: u64 = 4096;

@@ -18,8 +18,8 @@ use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::wal::{Log, RecoveryReport};
 
 use super::catch_up::{self, CaughtUp};
-use super::job::panic_message;
-use super::writer::{Appends, Mode, Writer, start_log};
+use crate::engine::writer::job::panic_message;
+use crate::engine::writer::{Appends, Mode, Writer, start_log};
 
 /// Whether recovering in place reopens the redb file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +34,10 @@ pub(crate) enum Reopen {
 impl Writer {
     /// Restores in place for an epoch that cannot be published as it stands: `Ok` once
     /// everything durable is in redb again.
-    pub(super) fn restore_for_epoch(&mut self, reopen: Reopen) -> Result<(), StoreError> {
+    pub(in crate::engine) fn restore_for_epoch(
+        &mut self,
+        reopen: Reopen,
+    ) -> Result<(), StoreError> {
         match self.restore(reopen) {
             Ok(_) => Ok(()),
             Err(e) => {
@@ -47,7 +50,7 @@ impl Writer {
 
     /// Recovers in place now, as the first attempt after a failure; on failure the store stays
     /// poisoned and the next attempt waits (see `Builder::self_heal`).
-    pub(super) fn heal(&mut self, reopen: Reopen) {
+    pub(in crate::engine) fn heal(&mut self, reopen: Reopen) {
         match self.restore(reopen) {
             Ok(_) => self.heal_retry.reset(),
             Err(e) => {
@@ -156,7 +159,7 @@ impl Writer {
                 )),
             ))));
         };
-        let checkpointed = super::meta::load(db)
+        let checkpointed = crate::engine::tables::meta::load(db)
             .map_err(restore_failed)?
             .log_checkpoint
             .seq;
@@ -194,7 +197,9 @@ impl Writer {
         );
         caught_up.report.frames_replayed += 1;
         caught_up.report.bytes_replayed += unsynced.payload.len() as u64;
-        caught_up.next_fence = super::meta::load(db).map_err(restore_failed)?.next_fence;
+        caught_up.next_fence = crate::engine::tables::meta::load(db)
+            .map_err(restore_failed)?
+            .next_fence;
         caught_up.log = Some((dir, start.after_checkpoint(unsynced.seq)));
         self.unsynced = None;
         self.appends = Appends::Open;
@@ -204,7 +209,7 @@ impl Writer {
 
 /// Runs a step of opening or recovering that reads the database file, turning a panic inside
 /// redb (a damaged file) into an error.
-pub(super) fn guarded<T>(
+pub(in crate::engine) fn guarded<T>(
     storage: &crate::storage::Storage,
     step: impl FnOnce() -> Result<T, OpenError>,
 ) -> Result<T, OpenError> {

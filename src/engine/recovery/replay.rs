@@ -10,7 +10,7 @@ use redb::WriteTransaction;
 use crate::error::RecoveryError;
 use crate::wal::{self, ReplayFrame};
 
-use super::registry::Registry;
+use crate::engine::tables::registry::Registry;
 
 /// Why a group's operations could not be applied.
 #[derive(Debug, thiserror::Error)]

@@ -93,8 +93,8 @@ impl InternalTables {
 /// The tables a store will open: its own, then the business tables registered on the builder.
 #[derive(Debug)]
 pub(crate) struct Tables {
-    pub(super) registry: Registry,
-    pub(super) internal: InternalTables,
+    pub(in crate::engine) registry: Registry,
+    pub(in crate::engine) internal: InternalTables,
 }
 
 impl Tables {

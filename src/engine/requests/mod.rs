@@ -1,6 +1,15 @@
 //! The writes the engine runs, one constructor per operation: what a facade builds and hands to
-//! [`Engine::run`](super::Engine::run). A request is opaque outside the engine; its answer is
-//! a domain result (a response, a refusal), never a job or a table.
+//! [`Engine::run`](crate::engine::Engine::run). A request is opaque outside the engine; its
+//! answer is a domain result (a response, a refusal), never a job or a table.
+//!
+//! What each does on the writer is in `claims` (the claim lifecycle), `records` (a record and
+//! its index entry, `forget`), `evict` and `outbox`; `answers` holds what the facades get back.
+
+pub(super) mod answers;
+mod claims;
+mod evict;
+pub(super) mod outbox;
+mod records;
 
 use std::time::Duration;
 
@@ -14,10 +23,10 @@ use crate::model::record::Record;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 
-use super::context::{Context, Needs};
-use super::job::{JobKind, Keep, Work};
-use super::lifecycle::{self, CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure, UserWork};
-use super::tx::Tx;
+use self::answers::{CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure, UserWork};
+use crate::engine::tables::tx::Tx;
+use crate::engine::writer::context::{Context, Needs};
+use crate::engine::writer::job::{JobKind, Keep, Work};
 
 /// One write for the writer's next group, answered with an `R` once the group is durable.
 #[must_use = "a request does nothing until the engine runs it"]
@@ -27,7 +36,7 @@ pub(crate) struct Request<R> {
 }
 
 impl<R> Request<R> {
-    pub(super) fn new(work: impl Work<R>) -> Self {
+    pub(in crate::engine) fn new(work: impl Work<R>) -> Self {
         Request {
             work: Box::new(work),
             kind: JobKind::Request,
@@ -35,19 +44,19 @@ impl<R> Request<R> {
     }
 
     /// The work, and what the writer does with it.
-    pub(super) fn into_parts(self) -> (Box<dyn Work<R>>, JobKind) {
+    pub(in crate::engine) fn into_parts(self) -> (Box<dyn Work<R>>, JobKind) {
         (self.work, self.kind)
     }
 }
 
 /// `begin`, decided again inside the writer's transaction, where racing claims are
 /// serialised: a claim or a take-over, or the answer that the race made of it.
-pub(super) fn begin(
+pub(in crate::engine) fn begin(
     scope: Scope,
     fingerprint: Fingerprint,
 ) -> Request<Result<Begin<Held>, StoreError>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::begin(tx, ctx, &scope, fingerprint)
+        claims::begin(tx, ctx, &scope, fingerprint)
     })
 }
 
@@ -59,26 +68,26 @@ pub(crate) fn commit(
     work: UserWork<Response>,
 ) -> Request<Result<Response, CommitRefusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::commit(tx, ctx, &scope, fence, work)
+        claims::commit(tx, ctx, &scope, fence, work)
     })
 }
 
 /// Claims and commits in one step: `work` runs only if the scope could be claimed, and its
 /// writes and the completed record are kept together. The answer's claim is the response.
-pub(super) fn execute(
+pub(in crate::engine) fn execute(
     scope: Scope,
     fingerprint: Fingerprint,
     work: UserWork<Response>,
 ) -> Request<Result<Begin<Response>, ExecuteError>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::execute(tx, ctx, &scope, fingerprint, work)
+        claims::execute(tx, ctx, &scope, fingerprint, work)
     })
 }
 
 /// Gives the scope up if `fence` still holds it.
 pub(crate) fn release(scope: Scope, fence: u64) -> Request<Result<(), Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::release(tx, ctx, &scope, fence)
+        claims::release(tx, ctx, &scope, fence)
     })
 }
 
@@ -91,34 +100,32 @@ pub(crate) fn extend(
     extension: Extension,
 ) -> Request<Result<Timestamp, Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::extend(tx, ctx, &scope, fence, lease, extension)
+        claims::extend(tx, ctx, &scope, fence, lease, extension)
     })
 }
 
 /// Stores progress for a later attempt, if `fence` still holds the scope.
 pub(crate) fn checkpoint(scope: Scope, fence: u64, bytes: Vec<u8>) -> Request<Result<(), Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::checkpoint(tx, ctx, &scope, fence, bytes)
+        claims::checkpoint(tx, ctx, &scope, fence, bytes)
     })
 }
 
 /// Removes a scope's record, for an operator.
 pub(crate) fn forget(scope: Scope, how: Forget) -> Request<Result<Record, ForgetRefusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::forget(tx, ctx, &scope, how)
+        records::forget(tx, ctx, &scope, how)
     })
 }
 
 /// A business transaction with no idempotency key.
 pub(crate) fn write<T: Send + 'static>(work: UserWork<T>) -> Request<Result<T, UserFailure>> {
-    Request::new(move |tx: &mut Tx<'_>, _ctx: &mut Context<'_>| lifecycle::write(tx, work))
+    Request::new(move |tx: &mut Tx<'_>, _ctx: &mut Context<'_>| claims::write(tx, work))
 }
 
 /// Up to `limit` expired records evicted through the expiry and tombstone indexes.
-pub(super) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
-    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        lifecycle::evict_expired(tx, ctx, limit)
-    })
+pub(in crate::engine) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| evict::evict_expired(tx, ctx, limit))
 }
 
 /// Everything acknowledged made durable in redb itself (a checkpoint of the log).
@@ -130,7 +137,7 @@ pub(crate) fn checkpoint_log() -> Request<()> {
 }
 
 /// Everything acknowledged made visible to redb read transactions.
-pub(super) fn publish() -> Request<()> {
+pub(in crate::engine) fn publish() -> Request<()> {
     needs(Needs::Published)
 }
 

@@ -6,8 +6,8 @@
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
+use super::layout::InternalTables;
 use super::registry::{RawEntries, RawOp, Registry, TableId};
-use super::tables::InternalTables;
 
 pub(crate) type RawTable<'txn> = Table<'txn, &'static [u8], &'static [u8]>;
 

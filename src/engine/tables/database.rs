@@ -11,7 +11,7 @@ use redb::Database;
 
 use crate::error::StoreError;
 
-use super::poison::Poison;
+use crate::engine::recovery::poison::Poison;
 
 #[derive(Debug)]
 pub(crate) struct DbSlot {

@@ -13,9 +13,9 @@ use redb::Database;
 use crate::error::StoreError;
 use crate::wal::RecoveryReport;
 
-use super::Engine;
 use super::job::{ExclusiveTask, Job, ReopenTask, Task};
-use super::requests::Request;
+use crate::engine::Engine;
+use crate::engine::requests::Request;
 
 /// Where a job went when offered to the queue without waiting.
 enum Offered {
@@ -62,7 +62,7 @@ impl Engine {
 
     /// Runs `work` on the writer with the database to itself, after everything acknowledged
     /// so far is published and checkpointed.
-    pub(super) fn exclusive<R: Send + 'static>(
+    pub(in crate::engine) fn exclusive<R: Send + 'static>(
         &self,
         work: impl FnOnce(&mut Database) -> R + Send + 'static,
     ) -> Result<R, StoreError> {
@@ -113,7 +113,7 @@ impl Engine {
     }
 
     /// The error for a writer that is gone: poisoned if it died, closed otherwise.
-    pub(super) fn stopped(&self) -> StoreError {
+    pub(in crate::engine) fn stopped(&self) -> StoreError {
         self.shared
             .poison
             .check()
