@@ -47,7 +47,7 @@ impl DirLock {
             source,
         };
         let file = open_or_create(&path).map_err(io)?;
-        match file.try_lock() {
+        match for_a_moment(|| file.try_lock()) {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 return Err(OpenError::AlreadyOpen {
@@ -71,6 +71,26 @@ impl Drop for DirLock {
         // Names nobody once closed; closing the file (right after) lets go of the lock.
         let _ = self.file.set_len(0);
     }
+}
+
+/// How long a lock held by someone else is tried again before the opener is told who holds
+/// it: each wait, in milliseconds (about 120 in all).
+const LOCK_WAITS_MS: [u64; 6] = [2, 4, 8, 16, 32, 64];
+
+/// Tries `lock` again for a moment while another holds it. A `flock` belongs to the open file,
+/// and a process that forks (to run any command) shares its open files with the child until
+/// the child execs: a lock its owner has just let go of can stay held for that long. A store
+/// that another store really holds is still refused, a moment later.
+fn for_a_moment(lock: impl Fn() -> Result<(), TryLockError>) -> Result<(), TryLockError> {
+    for wait in LOCK_WAITS_MS {
+        match lock() {
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(wait));
+            }
+            done => return done,
+        }
+    }
+    lock()
 }
 
 /// Opens the lock file, creating it `0600` if absent. Its directory entry is not synced: a
@@ -160,7 +180,7 @@ impl SharedLock {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(SharedLockError::Io { path, source }),
         };
-        match file.try_lock_shared() {
+        match for_a_moment(|| file.try_lock_shared()) {
             Ok(()) => Ok(Some(SharedLock { _file: file })),
             Err(TryLockError::WouldBlock) => Err(SharedLockError::Held(recorded(&file))),
             Err(TryLockError::Error(source)) => Err(SharedLockError::Io { path, source }),
@@ -224,6 +244,24 @@ mod tests {
         let file = File::open(dir.path().join(LOCK_FILE))?;
         std::fs::write(dir.path().join(LOCK_FILE), "not a pid\n\u{7}\n")?;
         assert_eq!(recorded(&file), Holder::Unknown);
+        Ok(())
+    }
+
+    /// A lock its holder lets go of while the opener tries (what a forked child between fork
+    /// and exec does) is taken, not refused.
+    #[test]
+    fn a_lock_let_go_of_a_moment_later_is_taken() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let held = DirLock::acquire(dir.path())?;
+        let (go, went) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let _ = went.recv();
+            drop(held);
+        });
+        go.send(())?;
+        let taken = DirLock::acquire(dir.path());
+        holder.join().map_err(|_| "the holder panicked")?;
+        assert!(taken.is_ok(), "{taken:?}");
         Ok(())
     }
 }
