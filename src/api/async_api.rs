@@ -119,14 +119,13 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
-        let started = std::time::Instant::now();
         let answer = self
             .store()
             .engine()
             .run_async(self.commit_request(work))
             .await;
         let _entered = self.holding.span("commit").entered();
-        self.committed(answer, started)
+        self.committed(answer)
     }
 
     /// [`Claim::release`] for async callers.
@@ -139,11 +138,7 @@ impl Claim {
             .engine()
             .run_async(self.release_request())
             .await;
-        let released = self.refused(answer);
-        if released.is_ok() {
-            self.store().engine().released();
-        }
-        released
+        self.refused(answer)
     }
 
     /// [`Claim::extend`] for async callers.

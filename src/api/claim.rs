@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use crate::api::store::Store;
 use crate::engine::{CommitRefusal, Held, HoldToken, Refusal, Request, Tx, UserFailure, request};
-use crate::error::{BoxError, ClaimError, StaleClaim, StaleReason, StoreError};
-use crate::model::claim::Extension;
+use crate::error::{BoxError, ClaimError, StoreError};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
@@ -110,11 +109,10 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
-        let started = std::time::Instant::now();
         let span = self.holding.span("commit");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.commit_request(work));
-        self.committed(answer, started)
+        self.committed(answer)
     }
 
     /// Gives the scope up: the work did not happen (no side effect), and the next `begin` of
@@ -126,11 +124,7 @@ impl Claim {
         let span = self.holding.span("release");
         let _entered = span.enter();
         let answer = self.store.engine().run(self.release_request());
-        let released = self.refused(answer);
-        if released.is_ok() {
-            self.store.engine().released();
-        }
-        released
+        self.refused(answer)
     }
 
     /// Moves the end of the lease to `lease` from now, for work that runs long.
@@ -176,22 +170,21 @@ impl Claim {
     where
         F: FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> + Send + 'static,
     {
-        request::commit(self.scope().clone(), self.fence(), Box::new(work))
+        request::commit(
+            self.scope().clone(),
+            self.fence(),
+            self.holding.claimed_at(),
+            Box::new(work),
+        )
     }
 
     /// `commit`'s answer, with the claim handed back when it is still held.
     pub(crate) fn committed(
         self,
         answer: Result<Result<Response, CommitRefusal>, StoreError>,
-        started: std::time::Instant,
     ) -> Result<Response, CommitError> {
         let refusal = match answer {
             Ok(Ok(response)) => {
-                self.store.engine().committed(
-                    self.scope().operation(),
-                    self.holding.claimed_at(),
-                    started.elapsed(),
-                );
                 tracing::debug!(status = response.status(), "committed");
                 return Ok(response);
             }
@@ -209,7 +202,7 @@ impl Claim {
             CommitRefusal::InvalidResponse(source) => {
                 CommitError::InvalidResponse { source, claim }
             }
-            CommitRefusal::Refused(Refusal::Stale(reason)) => claim.stale(reason).into(),
+            CommitRefusal::Refused(Refusal::Stale(reason)) => claim.holding.stale(reason).into(),
             CommitRefusal::Refused(Refusal::Store(e)) => e.into(),
         })
     }
@@ -225,12 +218,7 @@ impl Claim {
         lease: Duration,
     ) -> Result<Request<Result<Timestamp, Refusal>>, ClaimError> {
         check_lease(lease)?;
-        Ok(request::extend(
-            self.scope().clone(),
-            self.fence(),
-            lease,
-            Extension::Exactly,
-        ))
+        Ok(request::extend(self.scope().clone(), self.fence(), lease))
     }
 
     /// The engine's request for `checkpoint`, after checking the size.
@@ -246,11 +234,6 @@ impl Claim {
         ))
     }
 
-    fn stale(&self, reason: StaleReason) -> StaleClaim {
-        self.store.engine().stale();
-        self.holding.stale(reason)
-    }
-
     /// A fence-checked operation's answer as the caller sees it.
     pub(crate) fn refused<T>(
         &self,
@@ -258,7 +241,7 @@ impl Claim {
     ) -> Result<T, ClaimError> {
         match answer {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(Refusal::Stale(reason))) => Err(self.stale(reason).into()),
+            Ok(Err(Refusal::Stale(reason))) => Err(self.holding.stale(reason).into()),
             Ok(Err(Refusal::Store(e))) | Err(e) => Err(e.into()),
         }
     }
@@ -276,7 +259,7 @@ impl Renew for Store {
         fence: u64,
         lease: Duration,
     ) -> Result<Renewed, ClaimError> {
-        let request = request::extend(scope.clone(), fence, lease, Extension::AtLeast);
+        let request = request::renew(scope.clone(), fence, lease);
         renewed(self.engine().run_async(request).await?)
     }
 
@@ -286,7 +269,7 @@ impl Renew for Store {
         fence: u64,
         lease: Duration,
     ) -> Option<Result<Renewed, ClaimError>> {
-        let request = request::extend(scope.clone(), fence, lease, Extension::AtLeast);
+        let request = request::renew(scope.clone(), fence, lease);
         Some(
             self.engine()
                 .run(request)

@@ -53,7 +53,7 @@ pub(crate) mod request {
     pub(crate) use super::requests::outbox::settle;
     pub(crate) use super::requests::outbox::{drop_dead, retry_dead};
     pub(crate) use super::requests::{
-        checkpoint, checkpoint_log, commit, extend, forget, release, write,
+        checkpoint, checkpoint_log, commit, extend, forget, release, renew, write,
     };
 }
 #[cfg(feature = "tokio")]
@@ -66,7 +66,6 @@ use std::thread::{JoinHandle, ThreadId};
 use parking_lot::Mutex;
 
 use crate::error::OpenError;
-use crate::model::clock::Timestamp;
 use crate::model::config::Config;
 use crate::model::limits::Limits;
 use crate::model::pace::Pace;
@@ -224,31 +223,6 @@ impl Engine {
             max_response_bytes: config.max_response_bytes,
             max_checkpoint_bytes: config.max_checkpoint_bytes,
         }
-    }
-
-    /// Counts an acknowledged commit that took `took` from the call, of a claim of
-    /// `operation` granted at `claimed_at`.
-    pub(crate) fn committed(
-        &self,
-        operation: &str,
-        claimed_at: Timestamp,
-        took: std::time::Duration,
-    ) {
-        self.shared.counters.committed(took);
-        let now = self.shared.config.clock.now();
-        self.shared
-            .pace
-            .completed(operation, now.saturating_since(claimed_at));
-    }
-
-    /// Counts an acknowledged release.
-    pub(crate) fn released(&self) {
-        self.shared.counters.released();
-    }
-
-    /// Counts a refusal of a stale claim.
-    pub(crate) fn stale(&self) {
-        self.shared.counters.stale();
     }
 }
 

@@ -11,7 +11,7 @@ mod evict;
 pub(super) mod outbox;
 mod records;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
@@ -24,6 +24,7 @@ use crate::model::response::Response;
 use crate::model::scope::Scope;
 
 use self::answers::{CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure, UserWork};
+use crate::engine::Shared;
 use crate::engine::tables::tx::Tx;
 use crate::engine::writer::context::{Context, Needs};
 use crate::engine::writer::job::{JobKind, Keep, Work};
@@ -33,19 +34,39 @@ use crate::engine::writer::job::{JobKind, Keep, Work};
 pub(crate) struct Request<R> {
     work: Box<dyn Work<R>>,
     kind: JobKind,
+    tally: Option<Tally<R>>,
 }
+
+/// What the engine counts of a request's answer, once it has one: the facades never count.
+pub(in crate::engine) type Tally<R> = Box<dyn FnOnce(&Shared, &R) + Send>;
 
 impl<R> Request<R> {
     pub(in crate::engine) fn new(work: impl Work<R>) -> Self {
         Request {
             work: Box::new(work),
             kind: JobKind::Request,
+            tally: None,
         }
     }
 
-    /// The work, and what the writer does with it.
-    pub(in crate::engine) fn into_parts(self) -> (Box<dyn Work<R>>, JobKind) {
-        (self.work, self.kind)
+    /// Counts the answer with `tally` once there is one.
+    fn counted(self, tally: impl FnOnce(&Shared, &R) + Send + 'static) -> Self {
+        Request {
+            tally: Some(Box::new(tally)),
+            ..self
+        }
+    }
+
+    /// The work, what the writer does with it, and what is counted of its answer.
+    pub(in crate::engine) fn into_parts(self) -> (Box<dyn Work<R>>, JobKind, Option<Tally<R>>) {
+        (self.work, self.kind, self.tally)
+    }
+}
+
+/// Counts a stale refusal of a claim's request.
+fn stale(shared: &Shared, refusal: &Refusal) {
+    if let Refusal::Stale(_) = refusal {
+        shared.counters.stale();
     }
 }
 
@@ -61,14 +82,29 @@ pub(in crate::engine) fn begin(
 }
 
 /// Stores `work`'s response as the scope's completed record, with `work`'s business writes, if
-/// `fence` still holds the scope.
+/// `fence` (granted at `claimed_at`) still holds the scope. Counted as a commit, with the time
+/// from this call, and in the operation's pace.
 pub(crate) fn commit(
     scope: Scope,
     fence: u64,
+    claimed_at: Timestamp,
     work: UserWork<Response>,
 ) -> Request<Result<Response, CommitRefusal>> {
+    let started = Instant::now();
+    let operation: Box<str> = scope.operation().into();
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         claims::commit(tx, ctx, &scope, fence, work)
+    })
+    .counted(move |shared, answer| match answer {
+        Ok(_) => {
+            shared.counters.committed(started.elapsed());
+            let now = shared.config.clock.now();
+            shared
+                .pace
+                .completed(&operation, now.saturating_since(claimed_at));
+        }
+        Err(CommitRefusal::Refused(refusal)) => stale(shared, refusal),
+        Err(CommitRefusal::User(_) | CommitRefusal::InvalidResponse(_)) => {}
     })
 }
 
@@ -89,18 +125,38 @@ pub(crate) fn release(scope: Scope, fence: u64) -> Request<Result<(), Refusal>> 
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         claims::release(tx, ctx, &scope, fence)
     })
+    .counted(|shared, answer| match answer {
+        Ok(()) => shared.counters.released(),
+        Err(refusal) => stale(shared, refusal),
+    })
 }
 
-/// Moves the end of the lease of `fence`'s claim to `lease` from now (or keeps a later one,
-/// as `extension` says). Answers the new end.
+/// Moves the end of the lease of `fence`'s claim to `lease` from now, as its holder asked.
+/// Answers the new end.
 pub(crate) fn extend(
     scope: Scope,
     fence: u64,
     lease: Duration,
-    extension: Extension,
 ) -> Request<Result<Timestamp, Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        claims::extend(tx, ctx, &scope, fence, lease, extension)
+        claims::extend(tx, ctx, &scope, fence, lease, Extension::Exactly)
+    })
+    .counted(|shared, answer| {
+        if let Err(refusal) = answer {
+            stale(shared, refusal);
+        }
+    })
+}
+
+/// The keep-alive's renewal: the end of the lease of `fence`'s claim at least `lease` from
+/// now. Not counted: a renewal that finds the claim over is how the keep-alive stops.
+pub(crate) fn renew(
+    scope: Scope,
+    fence: u64,
+    lease: Duration,
+) -> Request<Result<Timestamp, Refusal>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        claims::extend(tx, ctx, &scope, fence, lease, Extension::AtLeast)
     })
 }
 
@@ -108,6 +164,11 @@ pub(crate) fn extend(
 pub(crate) fn checkpoint(scope: Scope, fence: u64, bytes: Vec<u8>) -> Request<Result<(), Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         claims::checkpoint(tx, ctx, &scope, fence, bytes)
+    })
+    .counted(|shared, answer| {
+        if let Err(refusal) = answer {
+            stale(shared, refusal);
+        }
     })
 }
 

@@ -15,7 +15,7 @@ use crate::wal::RecoveryReport;
 
 use super::job::{ExclusiveTask, Job, ReopenTask, Task};
 use crate::engine::Engine;
-use crate::engine::requests::Request;
+use crate::engine::requests::{Request, Tally};
 
 /// Where a job went when offered to the queue without waiting.
 enum Offered {
@@ -29,12 +29,13 @@ impl Engine {
     /// durable.
     pub(crate) fn run<R: Send + 'static>(&self, request: Request<R>) -> Result<R, StoreError> {
         let (answer, receiver) = sync_channel(1);
-        let (work, kind) = request.into_parts();
+        let (work, kind, tally) = request.into_parts();
         self.enqueue(Task::boxed(work, kind, move |result| {
             // The caller may have given up waiting; nobody is left to tell.
             let _ = answer.send(result);
         }))?;
-        receiver.recv().map_err(|_| self.stopped())?
+        let answer = receiver.recv().map_err(|_| self.stopped())??;
+        Ok(self.tallied(answer, tally))
     }
 
     /// [`Engine::run`] for async callers: the writer answers through a oneshot, and a full
@@ -45,7 +46,7 @@ impl Engine {
         request: Request<R>,
     ) -> Result<R, StoreError> {
         let (answer, receiver) = tokio::sync::oneshot::channel();
-        let (work, kind) = request.into_parts();
+        let (work, kind, tally) = request.into_parts();
         let job = Task::boxed(work, kind, move |result| {
             let _ = answer.send(result);
         });
@@ -57,7 +58,16 @@ impl Engine {
                 return Err(self.unqueued());
             }
         }
-        receiver.await.map_err(|_| self.stopped())?
+        let answer = receiver.await.map_err(|_| self.stopped())??;
+        Ok(self.tallied(answer, tally))
+    }
+
+    /// The answer, counted as its request asked.
+    fn tallied<R>(&self, answer: R, tally: Option<Tally<R>>) -> R {
+        if let Some(tally) = tally {
+            tally(&self.shared, &answer);
+        }
+        answer
     }
 
     /// Runs `work` on the writer with the database to itself, after everything acknowledged
