@@ -285,6 +285,13 @@ fn flush<T>(core: &Core<T>, batch: &mut Vec<Submission<T>>) {
     let first = state.settled;
     let (error, outcome, unsynced) = match result {
         Ok(seq) => {
+            // The groups are answered now, on the word of this frame's sync: every frame before
+            // it must have been settled already, or an answer could rest on one not durable.
+            assert!(
+                seq.is_none_or(|seq| seq > state.last_seq),
+                "log frame {seq:?} settled after frame {}: frames settle in order",
+                state.last_seq
+            );
             drop(state);
             // Settled (records visible, requests answered) before the writer, which waits for
             // `settled`, may publish the epoch and clear what these groups added.
