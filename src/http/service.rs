@@ -12,10 +12,11 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{Request, Response};
 use tower::Service;
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, TryAcquireError, oneshot};
 
 use super::claimed;
 use super::convert::{self, Delivery};
+use super::drain::Admitted;
 use super::key::{KeyHeader, read_key};
 use super::layer::{KeyPolicy, Settings, Work};
 use super::local::{self, LocalRequest};
@@ -24,6 +25,7 @@ use super::request::{self, BodyProblem};
 use crate::api::claim::Begin;
 use crate::api::store::Store;
 use crate::error::BoxError;
+use crate::model::fingerprint::Fingerprint;
 use crate::model::scope::{Scope, ScopePart};
 use crate::protocol::{Protocol, ProtocolClaim};
 
@@ -135,6 +137,8 @@ fn admit(settings: &Settings, parts: &axum::http::request::Parts) -> Admission {
     }
 }
 
+/// One request through the layer: admitted (or passed through, or refused), its body read and
+/// fingerprinted, then served by local work or by a claim the store answers.
 async fn serve<S, B, P>(
     mut inner: S,
     store: P,
@@ -163,76 +167,22 @@ where
         return Ok(problem::closing(problem::stopping()));
     };
     // Held until the response is stored (it goes with the claimed request's task).
-    let permit = match &settings.in_flight {
-        None => None,
-        Some(slots) => match slots.clone().try_acquire_owned() {
-            Ok(permit) => Some(permit),
-            Err(_) => return Ok(problem::closing(problem::overloaded())),
-        },
+    let Ok(permit) = reserve(&settings) else {
+        return Ok(problem::closing(problem::overloaded()));
     };
-    let bytes = match request::read_body(body, &parts.headers, settings.max_body).await {
+    let bytes = match receive(body, &parts, &settings).await {
         Ok(bytes) => bytes,
-        Err(BodyProblem::TooLarge) => {
-            return Ok(problem::closing(problem::body_too_large(settings.max_body)));
-        }
-        Err(BodyProblem::Unreadable(why)) => {
-            return Ok(problem::closing(problem::unreadable_body(&why)));
-        }
+        Err(answer) => return Ok(answer),
     };
     let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
-    if let Work::Local(store) = &settings.work {
-        let local = LocalRequest::new(store.clone(), scope, fingerprint);
-        let mut request = Request::from_parts(parts, Body::from(bytes));
-        request.extensions_mut().insert(local.clone());
-        admitted.claimed(); // the handler's execute claims, works and stores in one step
-        let response = inner.call(request).await?;
-        drop((permit, admitted));
-        return Ok(if local.executed() {
-            response.map(Body::new)
-        } else {
-            local::not_executed()
-        });
+    if let Work::Local(local) = &settings.work {
+        let local = LocalRequest::new(local.clone(), scope, fingerprint);
+        let request = Request::from_parts(parts, Body::from(bytes));
+        return serve_local(inner, local, request, (permit, admitted)).await;
     }
-    let begin = async {
-        if settings.wait.is_zero() {
-            store.begin(&scope, fingerprint).await
-        } else {
-            store
-                .begin_or_wait(&scope, fingerprint, settings.wait)
-                .await
-        }
-    };
-    // Past the timeout the store may still claim the key; that claim stays in progress (its
-    // request never ran), and a retry after the lease is a recovery.
-    let begun = if settings.store_timeout == Duration::MAX {
-        begin.await
-    } else {
-        let limit = settings.store_timeout.saturating_add(settings.wait);
-        let Ok(begun) = tokio::time::timeout(limit, begin).await else {
-            tracing::error!(%scope, timeout = ?settings.store_timeout, "the idempotency store did not answer in time");
-            return Ok(problem::store_timeout(settings.outage.failed()));
-        };
-        begun
-    };
-    let claim = match begun {
-        Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => {
-            settings.outage.answered();
-            claim
-        }
-        Ok(other) => {
-            settings.outage.answered();
-            return Ok(match other {
-                Begin::Replay(stored) => convert::to_http(&stored, Delivery::Replay),
-                Begin::InProgress { retry_after } => problem::in_progress(retry_after),
-                Begin::Mismatch => problem::mismatch(),
-                Begin::Expired { completed_at } => problem::expired(completed_at),
-                Begin::Claimed(_) | Begin::Recovered(_) => unreachable_claim(),
-            });
-        }
-        Err(e) => {
-            tracing::error!(%scope, error = %e, "the idempotency store could not answer");
-            return Ok(problem::store_unavailable(&e, settings.outage.failed()));
-        }
+    let claim = match claim(&store, &settings, &scope, fingerprint).await {
+        Ok(claim) => claim,
+        Err(answer) => return Ok(answer),
     };
 
     // Claimed as the stop began, and nothing has run yet: a first attempt gives its key back,
@@ -247,14 +197,133 @@ where
     }
 
     admitted.claimed();
-
-    // From here the request is the store's: it runs to the end on its own task, even if this
-    // future is dropped because the client went away.
     let request = Request::from_parts(parts, Body::from(bytes));
+    hand_over(inner, store, settings, claim, request, (permit, admitted)).await
+}
+
+/// What a covered request holds until its response is stored: its place in the layer's
+/// `max_in_flight` (if there is one) and its count in the drain. Dropped together, permit first.
+type Held = (Option<OwnedSemaphorePermit>, Admitted);
+
+/// A slot of `max_in_flight` (`None` without a limit), or the refusal when none is free.
+fn reserve(settings: &Settings) -> Result<Option<OwnedSemaphorePermit>, TryAcquireError> {
+    match &settings.in_flight {
+        None => Ok(None),
+        Some(slots) => slots.clone().try_acquire_owned().map(Some),
+    }
+}
+
+/// The request's body, whole and within `max_body`, or the refusal that says why not.
+async fn receive(
+    body: Body,
+    parts: &axum::http::request::Parts,
+    settings: &Settings,
+) -> Result<Bytes, Response<Body>> {
+    match request::read_body(body, &parts.headers, settings.max_body).await {
+        Ok(bytes) => Ok(bytes),
+        Err(BodyProblem::TooLarge) => {
+            Err(problem::closing(problem::body_too_large(settings.max_body)))
+        }
+        Err(BodyProblem::Unreadable(why)) => Err(problem::closing(problem::unreadable_body(&why))),
+    }
+}
+
+/// Local work: the handler's `execute` claims, works and stores in one step, so the request
+/// goes straight to it with the [`LocalRequest`] it executes through.
+async fn serve_local<S, B>(
+    mut inner: S,
+    local: LocalRequest,
+    mut request: Request<Body>,
+    held: Held,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>>,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    request.extensions_mut().insert(local.clone());
+    held.1.claimed();
+    let response = inner.call(request).await?;
+    drop(held);
+    Ok(if local.executed() {
+        response.map(Body::new)
+    } else {
+        local::not_executed()
+    })
+}
+
+/// Asks the store for the scope (waiting for a live holder if the layer waits, within the
+/// store timeout): the claim when this request is to run, else the answer it gets instead.
+async fn claim<P: Protocol>(
+    store: &P,
+    settings: &Settings,
+    scope: &Scope,
+    fingerprint: Fingerprint,
+) -> Result<P::Claim, Response<Body>> {
+    let begin = async {
+        if settings.wait.is_zero() {
+            store.begin(scope, fingerprint).await
+        } else {
+            store.begin_or_wait(scope, fingerprint, settings.wait).await
+        }
+    };
+    // Past the timeout the store may still claim the key; that claim stays in progress (its
+    // request never ran), and a retry after the lease is a recovery.
+    let begun = if settings.store_timeout == Duration::MAX {
+        begin.await
+    } else {
+        let limit = settings.store_timeout.saturating_add(settings.wait);
+        let Ok(begun) = tokio::time::timeout(limit, begin).await else {
+            tracing::error!(%scope, timeout = ?settings.store_timeout, "the idempotency store did not answer in time");
+            return Err(problem::store_timeout(settings.outage.failed()));
+        };
+        begun
+    };
+    match begun {
+        Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => {
+            settings.outage.answered();
+            Ok(claim)
+        }
+        Ok(other) => {
+            settings.outage.answered();
+            Err(match other {
+                Begin::Replay(stored) => convert::to_http(&stored, Delivery::Replay),
+                Begin::InProgress { retry_after } => problem::in_progress(retry_after),
+                Begin::Mismatch => problem::mismatch(),
+                Begin::Expired { completed_at } => problem::expired(completed_at),
+                Begin::Claimed(_) | Begin::Recovered(_) => unreachable_claim(),
+            })
+        }
+        Err(e) => {
+            tracing::error!(%scope, error = %e, "the idempotency store could not answer");
+            Err(problem::store_unavailable(&e, settings.outage.failed()))
+        }
+    }
+}
+
+/// From here the request is the store's: it runs to the end on its own task, even if this
+/// future is dropped because the client went away. Answers with the response head the task
+/// sends back.
+async fn hand_over<S, B, P>(
+    inner: S,
+    store: P,
+    settings: Arc<Settings>,
+    claim: P::Claim,
+    request: Request<Body>,
+    held: Held,
+) -> Result<Response<Body>, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<B>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    P: Protocol,
+{
     let (reply, answer) = oneshot::channel();
     let task = tokio::spawn(async move {
         claimed::run(inner, store, settings, claim, request, reply).await;
-        drop((permit, admitted));
+        drop(held);
     });
     match answer.await {
         Ok(result) => result,
