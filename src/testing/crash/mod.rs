@@ -38,7 +38,7 @@ use crate::{Durability, ManualClock, Store, Timestamp};
 
 use self::invariants::{Probe, check, settle};
 use self::model::{InFlight, Model};
-use self::ops::{Claims, Step, step};
+use self::ops::{Claims, Landed, Step, step};
 
 /// The business table the workload writes: `key/fence/row` → fence.
 pub(super) const ROWS: TableDefinition<&str, u64> = TableDefinition::new("rows");
@@ -226,101 +226,198 @@ pub fn run_case(case: &CrashCase) -> Result<CaseReport, Violation> {
         ..Model::default()
     };
     let mut report = CaseReport::default();
+    let ran = if let Ok(store) = open(&disk, case.durability, &clock) {
+        run_workload(case, store, &disk, &clock, &mut model, &mut report)?
+    } else {
+        report.disk_ops = disk.counters().ops;
+        Ran {
+            in_flight: InFlight::Nothing,
+            end: End::Crashed,
+        }
+    };
+    report.faults_fired = disk.counters().faults;
+    check_reopened(case, &disk, &clock, &model, &ran, &mut report)?;
+    Ok(report)
+}
+
+/// How the process stood when the workload stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// It crashed (or was planned to: no fault, or a crash): the disk is what a crash keeps.
+    Crashed,
+    /// It went on after its fault: a restart sees everything the OS has, synced or not.
+    WentOn,
+}
+
+/// What the workload left for the reopens to check.
+struct Ran {
+    /// The step the fault cut short, if its effect is still open.
+    in_flight: InFlight,
+    end: End,
+}
+
+/// Runs the workload's steps on the open `store` against the model, until the end or a crash,
+/// then (if the process went on) checks the live store, and closes it.
+fn run_workload(
+    case: &CrashCase,
+    store: Store,
+    disk: &SimDisk,
+    clock: &ManualClock,
+    model: &mut Model,
+    report: &mut CaseReport,
+) -> Result<Ran, Violation> {
+    let mut end = if case.fault.process_goes_on() {
+        End::WentOn
+    } else {
+        End::Crashed
+    };
     let mut in_flight = InFlight::Nothing;
-    let mut crashed = matches!(case.fault, Fault::CrashAt(_) | Fault::None);
-    if let Ok(store) = open(&disk, case.durability, &clock) {
-        plan_after_open(&disk, case.fault, case.then);
-        let mut claims: Claims = BTreeMap::new();
-        for (i, op) in case.ops.iter().enumerate() {
-            match step(&store, &clock, &mut model, &mut claims, op) {
-                Ok(()) => report.acknowledged += 1,
-                Err(Step::Violation(v)) => {
-                    return Err(violation(format!("step {i} {op:?}: {v}")));
-                }
-                Err(Step::Failed { effect, .. }) if !case.fault.process_goes_on() => {
-                    in_flight = effect;
-                    break;
-                }
-                Err(Step::Failed {
+    plan_after_open(disk, case.fault, case.then);
+    let mut claims: Claims = BTreeMap::new();
+    for (i, op) in case.ops.iter().enumerate() {
+        match step(&store, clock, model, &mut claims, op) {
+            Ok(()) => report.acknowledged += 1,
+            Err(Step::Violation(v)) => {
+                return Err(violation(format!("step {i} {op:?}: {v}")));
+            }
+            Err(Step::Failed { effect, .. }) if !case.fault.process_goes_on() => {
+                in_flight = effect;
+                break;
+            }
+            Err(Step::Failed {
+                effect,
+                landed,
+                error,
+            }) => {
+                report.failed_steps += 1;
+                let failed = Failed {
+                    i,
+                    op,
                     effect,
                     landed,
                     error,
-                }) => {
-                    report.failed_steps += 1;
-                    if std::env::var_os("IDEMSTORE_CRASH_TRACE").is_some() {
-                        eprintln!(
-                            "step {i} {op:?} failed ({error}, {landed:?}), in flight {effect:?}"
-                        );
-                    }
-                    if case.then.is_some() {
-                        match recover_in_place(&store, &disk) {
-                            Healed::Yes => {}
-                            Healed::Crashed => {
-                                // The second fault was a crash: what the step did is settled
-                                // by the image the crash left.
-                                in_flight = effect;
-                                crashed = true;
-                                break;
-                            }
-                            Healed::No(e) => {
-                                return Err(violation(format!(
-                                    "step {i} {op:?} failed ({error}); {REOPENS} reopens later the store still refuses writes: {e}"
-                                )));
-                            }
-                        }
-                    } else if report.failed_steps > 1 {
-                        return Err(violation(format!(
-                            "step {i} {op:?} failed ({error}) after the one fault had passed: the store did not recover"
-                        )));
-                    }
-                    if report.failed_steps > 1 + 2 * REOPENS {
-                        return Err(violation(format!(
-                            "step {i} {op:?} failed ({error}): too many steps failed after two faults"
-                        )));
-                    }
-                    settle(&store, &clock, &mut model, &effect, landed).map_err(|v| {
-                        violation(format!(
-                            "step {i} {op:?} failed ({error}, {landed:?}); then {v}"
-                        ))
-                    })?;
+                };
+                if let AfterFailure::Crashed(effect) =
+                    after_failure(case, &store, disk, clock, model, report, failed)?
+                {
+                    in_flight = effect;
+                    end = End::Crashed;
+                    break;
                 }
             }
         }
-        if !(crashed || disk.crashed()) {
-            // The service resumed without a restart: the live store matches the model.
-            check(&store, &clock, &model, &InFlight::Nothing, Probe::ReadOnly)
-                .map_err(|v| violation(format!("live, after the fault: {v}")))?;
-        }
-        drop(claims);
-        report.disk_ops = disk.counters().ops;
-        drop(store);
-        // A second fault may be a crash during the close's checkpoint.
-        crashed |= disk.crashed();
-    } else {
-        report.disk_ops = disk.counters().ops;
-        crashed = true;
     }
-    report.faults_fired = disk.counters().faults;
+    if end == End::WentOn && !disk.crashed() {
+        // The service resumed without a restart: the live store matches the model.
+        check(&store, clock, model, &InFlight::Nothing, Probe::ReadOnly)
+            .map_err(|v| violation(format!("live, after the fault: {v}")))?;
+    }
+    drop(claims);
+    report.disk_ops = disk.counters().ops;
+    drop(store);
+    // A second fault may be a crash during the close's checkpoint.
+    if disk.crashed() {
+        end = End::Crashed;
+    }
+    Ok(Ran { in_flight, end })
+}
 
-    // A crash keeps what was synced; a process that went on is also restarted, finding
-    // everything the OS has (synced or not). Check both.
-    let images = if !crashed {
-        vec![
+/// A step the fault failed, in a case whose process goes on.
+struct Failed<'a> {
+    /// Its place in the workload.
+    i: usize,
+    op: &'a CrashOp,
+    /// What it would have done.
+    effect: InFlight,
+    landed: Landed,
+    error: String,
+}
+
+/// Where the workload goes after a failed step.
+enum AfterFailure {
+    /// On, with the step settled against the store.
+    Settled,
+    /// The second fault was a crash: what the step did is settled by the image the crash left.
+    Crashed(InFlight),
+}
+
+/// A failed step of a case whose process goes on: the store must heal (by reopening, after a
+/// second fault), and the step must have landed wholly or not at all.
+fn after_failure(
+    case: &CrashCase,
+    store: &Store,
+    disk: &SimDisk,
+    clock: &ManualClock,
+    model: &mut Model,
+    report: &CaseReport,
+    failed: Failed<'_>,
+) -> Result<AfterFailure, Violation> {
+    let Failed {
+        i,
+        op,
+        effect,
+        landed,
+        error,
+    } = failed;
+    if std::env::var_os("IDEMSTORE_CRASH_TRACE").is_some() {
+        eprintln!("step {i} {op:?} failed ({error}, {landed:?}), in flight {effect:?}");
+    }
+    if case.then.is_some() {
+        match recover_in_place(store, disk) {
+            Healed::Yes => {}
+            Healed::Crashed => return Ok(AfterFailure::Crashed(effect)),
+            Healed::No(e) => {
+                return Err(violation(format!(
+                    "step {i} {op:?} failed ({error}); {REOPENS} reopens later the store still refuses writes: {e}"
+                )));
+            }
+        }
+    } else if report.failed_steps > 1 {
+        return Err(violation(format!(
+            "step {i} {op:?} failed ({error}) after the one fault had passed: the store did not recover"
+        )));
+    }
+    if report.failed_steps > 1 + 2 * REOPENS {
+        return Err(violation(format!(
+            "step {i} {op:?} failed ({error}): too many steps failed after two faults"
+        )));
+    }
+    settle(store, clock, model, &effect, landed).map_err(|v| {
+        violation(format!(
+            "step {i} {op:?} failed ({error}, {landed:?}); then {v}"
+        ))
+    })?;
+    Ok(AfterFailure::Settled)
+}
+
+/// Reopens what the disk kept and checks it against the model. A crash keeps what was synced;
+/// a process that went on is also restarted, finding everything the OS has (synced or not).
+/// Check both.
+fn check_reopened(
+    case: &CrashCase,
+    disk: &SimDisk,
+    clock: &ManualClock,
+    model: &Model,
+    ran: &Ran,
+    report: &mut CaseReport,
+) -> Result<(), Violation> {
+    let images = match ran.end {
+        End::WentOn => vec![
             ("restart", disk.clone()),
             ("crash", disk.crash_image(case.tear)),
-        ]
-    } else {
-        vec![("crash", disk.crash_image(case.tear))]
+        ],
+        End::Crashed => vec![("crash", disk.crash_image(case.tear))],
     };
     disk.plan(FaultPlan::default());
+    let in_flight = &ran.in_flight;
     for (kind, image) in images {
-        let store = open(&image, case.durability, &clock)
+        let store = open(&image, case.durability, clock)
             .map_err(|e| violation(format!("invariant 4: the {kind} image did not reopen: {e}")))?;
         report.frames_replayed = store.recovery_report().frames_replayed;
-        check(&store, &clock, &model, &in_flight, Probe::Claims)
+        check(&store, clock, model, in_flight, Probe::Claims)
             .map_err(|v| violation(format!("after {kind} ({in_flight:?}): {v}")))?;
     }
-    Ok(report)
+    Ok(())
 }
 
 /// Whether a store recovered in place after a failed step.
