@@ -1,7 +1,7 @@
 //! `verify`: the log's frames, the database, the indexes against the records, and the tables
 //! the log writes, each problem named.
 
-use redb::TableHandle;
+use redb::{ReadTransaction, TableHandle};
 
 use crate::engine::layout::{
     EXPIRY, LEASES, META_NEXT_FENCE, RECORDS, TOMBSTONES, index_key, split_index_key,
@@ -165,13 +165,28 @@ impl Inspector {
                 None
             }
         };
-        let mut problems = Vec::new();
-        self.for_each(&txn, RECORDS, |scope, bytes| {
+        self.verify_records(&txn, next_fence, &mut v)?;
+        for index in [LEASES, EXPIRY, TOMBSTONES] {
+            self.verify_index(&txn, index, &mut v)?;
+        }
+        self.verify_tables(&txn, &mut v)?;
+        Ok(v)
+    }
+
+    /// Every record decodes, has the entry of its state's index, and a fence below
+    /// `next_fence` (when that could be read).
+    fn verify_records(
+        &self,
+        txn: &ReadTransaction,
+        next_fence: Option<u64>,
+        v: &mut Verification,
+    ) -> Result<(), InspectError> {
+        self.for_each(txn, RECORDS, |scope, bytes| {
             v.records += 1;
             let record = match decode(scope, bytes) {
                 Ok(record) => record,
                 Err(e) => {
-                    problems.push(Problem::CorruptRecord {
+                    v.problems.push(Problem::CorruptRecord {
                         scope: scope_text(scope),
                         detail: e.to_string(),
                     });
@@ -179,8 +194,8 @@ impl Inspector {
                 }
             };
             let (index, at) = index_of(&record);
-            if self.get(&txn, index, &index_key(at, scope))?.is_none() {
-                problems.push(Problem::MissingIndexEntry {
+            if self.get(txn, index, &index_key(at, scope))?.is_none() {
+                v.problems.push(Problem::MissingIndexEntry {
                     scope: scope_text(scope),
                     state: record.state().name(),
                     index,
@@ -190,67 +205,82 @@ impl Inspector {
             if let Some(next_fence) = next_fence
                 && record.fence() >= next_fence
             {
-                problems.push(Problem::Fence {
+                v.problems.push(Problem::Fence {
                     scope: scope_text(scope),
                     fence: record.fence(),
                     next_fence,
                 });
             }
             Ok(true)
-        })?;
-        for index in [LEASES, EXPIRY, TOMBSTONES] {
-            self.for_each(&txn, index, |key, _| {
-                v.index_entries += 1;
-                let Some((at, scope)) = split_index_key(key) else {
-                    problems.push(Problem::OrphanIndexEntry {
-                        index,
-                        scope: format!("{key:?}"),
-                        at: Timestamp::default(),
-                        detail: "the key is shorter than a timestamp".into(),
-                    });
-                    return Ok(true);
-                };
-                let orphan = |detail: String| Problem::OrphanIndexEntry {
+        })
+    }
+
+    /// Every entry of `index` names a record that belongs there, at that time.
+    fn verify_index(
+        &self,
+        txn: &ReadTransaction,
+        index: &'static str,
+        v: &mut Verification,
+    ) -> Result<(), InspectError> {
+        self.for_each(txn, index, |key, _| {
+            v.index_entries += 1;
+            let Some((at, scope)) = split_index_key(key) else {
+                v.problems.push(Problem::OrphanIndexEntry {
                     index,
-                    scope: scope_text(scope),
-                    at,
-                    detail,
-                };
-                match self.get(&txn, RECORDS, scope)? {
-                    None => problems.push(orphan("there is no record".into())),
-                    Some(bytes) => {
-                        if let Ok(record) = decode(scope, &bytes)
-                            && index_of(&record) != (index, at)
-                        {
-                            let (its_index, its_at) = index_of(&record);
-                            problems.push(orphan(format!(
-                                "the record is {} and belongs in {its_index} at {its_at}",
-                                record.state().name()
-                            )));
-                        }
+                    scope: format!("{key:?}"),
+                    at: Timestamp::default(),
+                    detail: "the key is shorter than a timestamp".into(),
+                });
+                return Ok(true);
+            };
+            let orphan = |detail: String| Problem::OrphanIndexEntry {
+                index,
+                scope: scope_text(scope),
+                at,
+                detail,
+            };
+            match self.get(txn, RECORDS, scope)? {
+                None => v.problems.push(orphan("there is no record".into())),
+                Some(bytes) => {
+                    if let Ok(record) = decode(scope, &bytes)
+                        && index_of(&record) != (index, at)
+                    {
+                        let (its_index, its_at) = index_of(&record);
+                        v.problems.push(orphan(format!(
+                            "the record is {} and belongs in {its_index} at {its_at}",
+                            record.state().name()
+                        )));
                     }
                 }
-                Ok(true)
-            })?;
-        }
-        v.problems.extend(problems);
-        if let Ok(pending) = &self.pending {
-            v.tables_in_log = pending.tables.len();
-            let existing: Vec<String> = txn
-                .list_tables()
-                .map_err(|e| self.db_error(e))?
-                .map(|t| t.name().to_owned())
-                .collect();
-            for (table, at) in &pending.tables {
-                if !existing.contains(table) {
-                    v.problems.push(Problem::MissingTable {
-                        table: table.clone(),
-                        at: at.clone(),
-                    });
-                }
+            }
+            Ok(true)
+        })
+    }
+
+    /// Every business table the log past the checkpoint writes exists in the database.
+    fn verify_tables(
+        &self,
+        txn: &ReadTransaction,
+        v: &mut Verification,
+    ) -> Result<(), InspectError> {
+        let Ok(pending) = &self.pending else {
+            return Ok(()); // an unreadable log is a problem `verify_log` reported
+        };
+        v.tables_in_log = pending.tables.len();
+        let existing: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| self.db_error(e))?
+            .map(|t| t.name().to_owned())
+            .collect();
+        for (table, at) in &pending.tables {
+            if !existing.contains(table) {
+                v.problems.push(Problem::MissingTable {
+                    table: table.clone(),
+                    at: at.clone(),
+                });
             }
         }
-        Ok(v)
+        Ok(())
     }
 
     fn verify_log(&self, v: &mut Verification) -> Result<(), InspectError> {
