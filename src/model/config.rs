@@ -173,8 +173,18 @@ impl Config {
         MemoryShares::of(self.memory_budget)
     }
 
+    /// The first setting out of its range, in the order below.
     pub(crate) fn validate(&self) -> Result<(), InvalidSetting> {
-        let invalid = |setting, reason: String| Err(InvalidSetting { setting, reason });
+        self.validate_durations()?;
+        self.validate_sizes()?;
+        self.validate_log()?;
+        self.validate_background()?;
+        self.validate_memory()?;
+        self.validate_checkpoint_interval()
+    }
+
+    /// How long records and claims last.
+    fn validate_durations(&self) -> Result<(), InvalidSetting> {
         if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
             return invalid(
                 "ttl",
@@ -193,6 +203,11 @@ impl Config {
                 format!("{:?} is outside 1 ms ..= 7 days", self.lease),
             );
         }
+        Ok(())
+    }
+
+    /// What one request may store, and how many a writer group takes.
+    fn validate_sizes(&self) -> Result<(), InvalidSetting> {
         if !(1024..=MAX_RESPONSE_BYTES).contains(&self.max_response_bytes) {
             return invalid(
                 "max_response_bytes",
@@ -211,6 +226,11 @@ impl Config {
                 format!("{} is outside 1 ..= 65536", self.max_batch),
             );
         }
+        Ok(())
+    }
+
+    /// The log's segments, and how much of it a checkpoint waits for.
+    fn validate_log(&self) -> Result<(), InvalidSetting> {
         if !(MIN_SEGMENT_BYTES..=MAX_SEGMENT_BYTES).contains(&self.segment_bytes) {
             return invalid(
                 "log_segment_bytes",
@@ -226,6 +246,11 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    /// The sweep's pace and the self-heal's backoff.
+    fn validate_background(&self) -> Result<(), InvalidSetting> {
         if let Sweep::Every { interval, batch } = self.sweep {
             if interval < Duration::from_millis(1) || interval > Duration::from_secs(24 * 3600) {
                 return invalid(
@@ -250,6 +275,10 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    fn validate_memory(&self) -> Result<(), InvalidSetting> {
         if self.memory_budget < MIN_MEMORY_BUDGET {
             return invalid(
                 "memory_budget",
@@ -259,6 +288,10 @@ impl Config {
                 ),
             );
         }
+        Ok(())
+    }
+
+    fn validate_checkpoint_interval(&self) -> Result<(), InvalidSetting> {
         if self.checkpoint_interval.is_zero()
             || self.checkpoint_interval > Duration::from_secs(3600)
         {
@@ -269,6 +302,10 @@ impl Config {
         }
         Ok(())
     }
+}
+
+fn invalid(setting: &'static str, reason: String) -> Result<(), InvalidSetting> {
+    Err(InvalidSetting { setting, reason })
 }
 
 /// A file or directory of the store that users other than its owner may read.
