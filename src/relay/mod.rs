@@ -30,6 +30,7 @@ mod config;
 mod counters;
 #[cfg(feature = "nats")]
 mod nats;
+mod pass;
 mod run;
 mod sink;
 

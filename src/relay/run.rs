@@ -1,4 +1,5 @@
-//! The relay's task: passes over the outbox, deliveries, retries, settlements.
+//! The relay's task: it takes the turn, reads the outbox, has a pass (`pass.rs`) deliver the
+//! batch, and settles what was delivered or given up on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -9,10 +10,10 @@ use tokio::time::Instant;
 
 use super::config::RelayConfig;
 use super::counters::{Counters, RelayStats};
-use super::sink::{Sink, Unavailable};
+use super::pass::{Failing, Outage, PassEnd, deliver_pass};
+use super::sink::Sink;
 use crate::error::StoreError;
 use crate::model::backoff::Backoff;
-use crate::model::message::{DeadLetter, Message};
 use crate::protocol::outbox::Outbox;
 use crate::protocol::outbox::sealed::Turn;
 
@@ -23,32 +24,6 @@ pub struct Relay {
     counters: Arc<Counters>,
     stop: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
-}
-
-/// A message's failed attempts so far (kept in memory: a restart starts the count again).
-#[derive(Debug)]
-struct Failing {
-    attempts: u32,
-    retry_at: Instant,
-    /// Its subject, which waits with it.
-    subject: String,
-}
-
-/// The sink's outage: how many attempts in a row found it [`Unavailable`], and when to try
-/// again. Nothing is delivered before then, on any subject.
-#[derive(Debug, Default)]
-struct Outage {
-    attempts: u32,
-    retry_at: Option<Instant>,
-}
-
-/// Why an attempt failed.
-enum Failure {
-    /// This message's attempt failed (an error, a panic): counted.
-    Message(String),
-    /// The sink said it is down, or did not answer within the attempt timeout: not counted
-    /// against the message.
-    Unavailable(String),
 }
 
 impl Relay {
@@ -273,132 +248,9 @@ fn next_look(config: &RelayConfig, wake: Option<Instant>, progressed: bool) -> D
     sleep.max(Duration::from_millis(1))
 }
 
-/// The longest a pass delivers before it settles and reads again. Over PostgreSQL that is
-/// also as long as a relay goes without touching its lock's connection, so it bounds how long
-/// a relay that lost the lock (its session was ended on the server) keeps delivering.
-const PASS_BUDGET: Duration = Duration::from_secs(1);
-
 /// How often a relay whose pending messages all wait out a backoff reads the outbox again
 /// for new ones.
 const BLOCKED_POLL: Duration = Duration::from_millis(100);
-
-/// How a pass ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PassEnd {
-    /// It went through the batch (or stopped for the sink's outage).
-    Done,
-    /// It ran out of [`PASS_BUDGET`] with messages left.
-    OutOfTime,
-}
-
-/// What one pass over a batch did.
-struct Pass {
-    end: PassEnd,
-    /// Seqs the sink accepted.
-    delivered: Vec<u64>,
-    /// Messages given up on.
-    dead: Vec<DeadLetter>,
-    /// The earliest retry due among messages that failed.
-    next_retry: Option<Instant>,
-    /// Whether a message failed, so that its subject now waits.
-    failed: bool,
-}
-
-/// Delivers the batch in commit order, skipping subjects that have a message waiting for a
-/// retry, so that no message overtakes an earlier one of its subject. While the sink is
-/// unavailable, delivers nothing.
-async fn deliver_pass<S: Sink>(
-    pending: &[Message],
-    settled: &HashSet<u64>,
-    (failing, outage): (&mut HashMap<u64, Failing>, &mut Outage),
-    sink: &Arc<S>,
-    config: &RelayConfig,
-    counters: &Counters,
-) -> Pass {
-    let mut pass = Pass {
-        end: PassEnd::Done,
-        delivered: Vec::new(),
-        dead: Vec::new(),
-        next_retry: None,
-        failed: false,
-    };
-    let mut blocked: HashSet<&str> = HashSet::new();
-    let started = Instant::now();
-    for message in pending {
-        if started.elapsed() > PASS_BUDGET {
-            pass.end = PassEnd::OutOfTime;
-            break;
-        }
-        if settled.contains(&message.seq) || blocked.contains(message.subject.as_str()) {
-            continue;
-        }
-        if let Some(f) = failing.get(&message.seq)
-            && f.retry_at > Instant::now()
-        {
-            blocked.insert(&message.subject);
-            pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
-            continue;
-        }
-        let failure = match attempt(sink, message, config.attempt_timeout).await {
-            Ok(()) => {
-                *outage = Outage::default();
-                failing.remove(&message.seq);
-                pass.delivered.push(message.seq);
-                Counters::add(&counters.delivered, 1);
-                continue;
-            }
-            Err(failure) => failure,
-        };
-        let error = match failure {
-            Failure::Message(error) => {
-                // The sink answered: it is up, whatever it thought of this message.
-                *outage = Outage::default();
-                error
-            }
-            Failure::Unavailable(error) => {
-                // Not this message's fault, and nothing else would get through: stop the
-                // pass, count no attempt, and wait for the sink.
-                counters.error(format!("delivering {}: {error}", message.id));
-                Counters::add(&counters.unavailable, 1);
-                outage.attempts += 1;
-                let at = Instant::now() + config.retries().spread_after(outage.attempts);
-                outage.retry_at = Some(at);
-                pass.next_retry = Some(pass.next_retry.map_or(at, |t| t.min(at)));
-                if outage.attempts == 1 {
-                    tracing::warn!(%error, "outbox relay: the sink is unavailable; delivery paused");
-                }
-                return pass;
-            }
-        };
-        counters.error(format!(
-            "delivering {} to {}: {error}",
-            message.id, message.subject
-        ));
-        let f = failing.entry(message.seq).or_insert_with(|| Failing {
-            attempts: 0,
-            retry_at: Instant::now(),
-            subject: message.subject.clone(),
-        });
-        f.attempts += 1;
-        if f.attempts >= config.max_attempts {
-            tracing::warn!(id = %message.id, subject = %message.subject, attempts = f.attempts, %error, "outbox message moved to the dead letters");
-            pass.dead.push(DeadLetter {
-                message: message.clone(),
-                attempts: f.attempts,
-                last_error: error,
-                dead_at: store_now(),
-            });
-            Counters::add(&counters.dead_lettered, 1);
-            continue;
-        }
-        Counters::add(&counters.retried, 1);
-        f.retry_at = Instant::now() + config.retries().spread_after(f.attempts);
-        pass.next_retry = Some(pass.next_retry.map_or(f.retry_at, |t| t.min(f.retry_at)));
-        pass.failed = true;
-        blocked.insert(&message.subject);
-    }
-    pass
-}
 
 /// The subjects whose failed message waits out its backoff, sorted: the next read leaves
 /// them out, so that a subject that keeps failing cannot fill the batch and hide every other
@@ -415,46 +267,9 @@ fn waiting_subjects(failing: &HashMap<u64, Failing>) -> Vec<String> {
     subjects
 }
 
-/// One delivery, on a task of its own so that a panicking sink fails the attempt, not the
-/// relay; bounded by `timeout`.
-async fn attempt<S: Sink>(
-    sink: &Arc<S>,
-    message: &Message,
-    timeout: Duration,
-) -> Result<(), Failure> {
-    let (sink, owned) = (sink.clone(), message.clone());
-    let task = tokio::spawn(async move {
-        sink.deliver(&owned).await.map_err(|e| {
-            if e.downcast_ref::<Unavailable>().is_some() {
-                Failure::Unavailable(e.to_string())
-            } else {
-                Failure::Message(e.to_string())
-            }
-        })
-    });
-    let abort = task.abort_handle();
-    match tokio::time::timeout(timeout, task).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(join)) => Err(Failure::Message(format!("the sink panicked: {join}"))),
-        // No answer says nothing against the message: a destination that hangs is down.
-        Err(_) => {
-            abort.abort();
-            Err(Failure::Unavailable(format!(
-                "no answer within {timeout:?}"
-            )))
-        }
-    }
-}
-
 fn store_failed(counters: &Counters, error: &StoreError, doing: &str) {
     tracing::warn!(%error, "outbox relay: {doing} failed; trying again");
     counters.error(format!("{doing}: {error}"));
-}
-
-/// The time a dead letter is stamped with (wall clock: it is for operators).
-fn store_now() -> crate::model::clock::Timestamp {
-    use crate::model::clock::Clock as _;
-    crate::model::clock::SystemClock.now()
 }
 
 /// Sleeps for `wait`, or less if the relay is stopped meanwhile.
