@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use crate::inspect::{Inspector, LogDamage};
-use crate::{Record, RecordState, Scope};
+use crate::{Record, RecordState, Response, Scope, Timestamp};
 use clap::Args;
 use serde_json::json;
 
@@ -121,6 +121,7 @@ pub(crate) fn to_json(inspector: &Inspector, r: &Record, length: Length) -> serd
     v
 }
 
+/// The record as `key   value` lines: what every record has, then what its state adds.
 fn text(
     out: &mut impl Write,
     inspector: &Inspector,
@@ -147,29 +148,7 @@ fn text(
         RecordState::InProgress {
             lease_until,
             checkpoint,
-        } => {
-            writeln!(
-                out,
-                "lease until   {}{}",
-                show::time(*lease_until),
-                passed(inspector, *lease_until)
-            )?;
-            match checkpoint {
-                None => writeln!(out, "checkpoint    none")?,
-                Some(bytes) => {
-                    let (shown, cut) = show::body(bytes, length);
-                    writeln!(out, "checkpoint    {} bytes", bytes.len())?;
-                    writeln!(out, "{shown}")?;
-                    if cut {
-                        writeln!(
-                            out,
-                            "(cut at {} bytes; --full shows all)",
-                            show::TRUNCATE_AT
-                        )?;
-                    }
-                }
-            }
-        }
+        } => in_progress_text(out, inspector, *lease_until, checkpoint.as_deref(), length),
         RecordState::Completed {
             completed_at,
             expires_at,
@@ -182,20 +161,7 @@ fn text(
                 show::time(*expires_at),
                 passed(inspector, *expires_at)
             )?;
-            writeln!(out, "status        {}", response.status())?;
-            for (name, value) in response.headers() {
-                writeln!(out, "header        {name}: {}", show::text_or_hex(value))?;
-            }
-            let (body, cut) = show::body(response.body(), length);
-            writeln!(out, "body          {} bytes", response.body().len())?;
-            writeln!(out, "{body}")?;
-            if cut {
-                writeln!(
-                    out,
-                    "(cut at {} bytes; --full shows all)",
-                    show::TRUNCATE_AT
-                )?;
-            }
+            response_text(out, response, length)
         }
         RecordState::Tombstone {
             completed_at,
@@ -207,8 +173,54 @@ fn text(
                 "until         {}{} (the response was evicted; retries are told it expired)",
                 show::time(*until),
                 passed(inspector, *until)
-            )?;
+            )
         }
+    }
+}
+
+/// A claim's lease and its last checkpoint.
+fn in_progress_text(
+    out: &mut impl Write,
+    inspector: &Inspector,
+    lease_until: Timestamp,
+    checkpoint: Option<&[u8]>,
+    length: Length,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "lease until   {}{}",
+        show::time(lease_until),
+        passed(inspector, lease_until)
+    )?;
+    match checkpoint {
+        None => writeln!(out, "checkpoint    none"),
+        Some(bytes) => {
+            writeln!(out, "checkpoint    {} bytes", bytes.len())?;
+            bytes_text(out, bytes, length)
+        }
+    }
+}
+
+/// A stored response: status, headers, body.
+fn response_text(out: &mut impl Write, response: &Response, length: Length) -> std::io::Result<()> {
+    writeln!(out, "status        {}", response.status())?;
+    for (name, value) in response.headers() {
+        writeln!(out, "header        {name}: {}", show::text_or_hex(value))?;
+    }
+    writeln!(out, "body          {} bytes", response.body().len())?;
+    bytes_text(out, response.body(), length)
+}
+
+/// A body or checkpoint on a line of its own, and a note if `length` cut it.
+fn bytes_text(out: &mut impl Write, bytes: &[u8], length: Length) -> std::io::Result<()> {
+    let (shown, cut) = show::body(bytes, length);
+    writeln!(out, "{shown}")?;
+    if cut {
+        writeln!(
+            out,
+            "(cut at {} bytes; --full shows all)",
+            show::TRUNCATE_AT
+        )?;
     }
     Ok(())
 }
