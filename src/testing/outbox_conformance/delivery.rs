@@ -1,6 +1,7 @@
 //! What the relay delivers: order per subject through faults, dead letters, no starvation, a reopen.
 
 use super::*;
+use crate::model::message::DeadLetter;
 
 /// Four tasks commit 30 orders each, each task to a subject of its own (so that the
 /// commits of one subject never overlap), some commits publishing two messages, while the
@@ -116,6 +117,25 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
     let backend = harness.open_at(&harness.place(), clock()).await?;
     let sink = Arc::new(Faulty::default());
     let relay = Relay::start(&backend, Shared(sink.clone()), relay_config());
+    let (poison, good) = commit_two_poisoned_of_twelve(harness, &backend).await?;
+    let dead = the_poison_is_dead_lettered(&backend, &sink, &poison, &good).await?;
+    cure_then_retry_one_and_drop_the_other(&backend, &sink, &dead).await?;
+    let stats = relay.stats();
+    relay.stop().await;
+    assert_eq!(stats.dead_lettered, 2, "{stats:?}");
+    assert!(
+        !sink.has(&dead[1].message.id),
+        "the dropped one never arrived"
+    );
+    Ok(())
+}
+
+/// Twelve commits of one message each over two subjects, two of them poison: their ids,
+/// (poison, good).
+async fn commit_two_poisoned_of_twelve<H: OutboxHarness>(
+    harness: &H,
+    backend: &H::Backend,
+) -> Result<(Vec<String>, Vec<String>), BoxError> {
     let mut poison = Vec::new();
     let mut good = Vec::new();
     for i in 0..12 {
@@ -127,7 +147,7 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         let is_poison = payload == b"poison";
         let ids = commit_new(
             harness,
-            &backend,
+            backend,
             &format!("k{i}"),
             vec![(format!("billing.s{}", i % 2), payload)],
         )
@@ -139,13 +159,24 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         }
     }
     assert_eq!(poison.len(), 2);
-    outbox_is(&backend, 0, 2).await?;
+    Ok((poison, good))
+}
+
+/// The good messages are delivered; the poison ones are dead letters, in commit order, after
+/// four attempts with the sink's refusal as their last error.
+async fn the_poison_is_dead_lettered<B: Protocol + Outbox>(
+    backend: &B,
+    sink: &Faulty,
+    poison: &[String],
+    good: &[String],
+) -> Result<Vec<DeadLetter>, BoxError> {
+    outbox_is(backend, 0, 2).await?;
     assert!(
         good.iter().all(|id| sink.has(id)),
         "the good messages went on"
     );
     assert!(poison.iter().all(|id| !sink.has(id)));
-    let dead = Outbox::dead_letters(&backend, 10).await?;
+    let dead = Outbox::dead_letters(backend, 10).await?;
     let dead_ids: Vec<&str> = dead.iter().map(|d| d.message.id.as_str()).collect();
     assert_eq!(
         dead_ids,
@@ -157,13 +188,22 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         assert_eq!(letter.message.payload, b"poison");
     }
     assert_eq!(
-        Outbox::dead_letters(&backend, 1).await?.len(),
+        Outbox::dead_letters(backend, 1).await?.len(),
         1,
         "the limit"
     );
+    Ok(dead)
+}
 
+/// With the sink cured, the first dead letter is retried (same id, at the end of the outbox)
+/// and delivered; the second is dropped. Neither can be retried or dropped twice.
+async fn cure_then_retry_one_and_drop_the_other<B: Protocol + Outbox>(
+    backend: &B,
+    sink: &Faulty,
+    dead: &[DeadLetter],
+) -> Result<(), BoxError> {
     sink.poison_cured.store(true, Ordering::SeqCst);
-    let requeued = Outbox::retry_dead_letter(&backend, dead[0].message.seq)
+    let requeued = Outbox::retry_dead_letter(backend, dead[0].message.seq)
         .await?
         .ok_or("no dead letter to retry")?;
     assert_eq!(requeued.id, dead[0].message.id, "the id survives a retry");
@@ -173,26 +213,18 @@ pub async fn a_poison_message_is_dead_lettered_then_retried_or_dropped<H: Outbox
         Ok(sink.has(&id))
     })
     .await?;
-    assert!(Outbox::drop_dead_letter(&backend, dead[1].message.seq).await?);
+    assert!(Outbox::drop_dead_letter(backend, dead[1].message.seq).await?);
     assert!(
-        !Outbox::drop_dead_letter(&backend, dead[1].message.seq).await?,
+        !Outbox::drop_dead_letter(backend, dead[1].message.seq).await?,
         "already dropped"
     );
     assert!(
-        Outbox::retry_dead_letter(&backend, dead[0].message.seq)
+        Outbox::retry_dead_letter(backend, dead[0].message.seq)
             .await?
             .is_none(),
         "already retried"
     );
-    outbox_is(&backend, 0, 0).await?;
-    let stats = relay.stats();
-    relay.stop().await;
-    assert_eq!(stats.dead_lettered, 2, "{stats:?}");
-    assert!(
-        !sink.has(&dead[1].message.id),
-        "the dropped one never arrived"
-    );
-    Ok(())
+    outbox_is(backend, 0, 0).await
 }
 
 /// One subject whose messages all fail (retried, never given up within the case) fills
