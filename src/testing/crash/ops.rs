@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::{
     Begin, Claim, ClaimError, CommitError, ExecuteError, Execution, ManualClock, Response, Store,
-    StoreError,
+    StoreError, Timestamp,
 };
 
 use super::model::{EXECUTED, InFlight, KeyState, Model, fingerprint, scope};
@@ -145,28 +145,53 @@ fn begin(
 ) -> Result<(), Step> {
     let now = crate::Clock::now(clock);
     let before = model.state(key).visible(now);
-    let claimed_after = |fence| KeyState::Held {
-        other: other_request,
-        fence,
-        attempt: match &before {
-            KeyState::Held { attempt, .. } => attempt + 1,
-            _ => 1,
-        },
-        lease_until: now.saturating_add(LEASE),
-        checkpoint: match &before {
-            KeyState::Held { checkpoint, .. } => checkpoint.clone(),
-            _ => None,
-        },
-    };
     let answer = match store.begin(&scope(key), fingerprint(key, other_request)) {
         Ok(answer) => answer,
         Err(e) => {
             // If it landed, it took the next fence (or a later one: fences only grow).
-            let after = claimed_after(model.next_fence);
+            let after = claimed_after(&before, now, other_request, model.next_fence);
             return Err(failed(&e, InFlight::Key { key, after }));
         }
     };
-    let kind = match &before {
+    let kind = expected_answer(&before, now, other_request);
+    let (got, claim) = answer_name(answer);
+    if got != kind {
+        return Err(violation(format_args!(
+            "begin answered {got}, the model expected {kind} from {before:?}"
+        )));
+    }
+    let Some(claim) = claim else {
+        return Ok(());
+    };
+    let expected = claimed_after(&before, now, other_request, claim.fence());
+    check_claim(&claim, model, key, &expected)?;
+    model.next_fence = claim.fence() + 1;
+    model.keys.insert(key, expected);
+    claims.entry(key).or_default().push_back(claim);
+    Ok(())
+}
+
+/// The key's state once a `begin` at `now` has claimed it with `fence`, from `before`: a
+/// recovery counts one more attempt and keeps the last checkpoint.
+fn claimed_after(before: &KeyState, now: Timestamp, other_request: bool, fence: u64) -> KeyState {
+    KeyState::Held {
+        other: other_request,
+        fence,
+        attempt: match before {
+            KeyState::Held { attempt, .. } => attempt + 1,
+            _ => 1,
+        },
+        lease_until: now.saturating_add(LEASE),
+        checkpoint: match before {
+            KeyState::Held { checkpoint, .. } => checkpoint.clone(),
+            _ => None,
+        },
+    }
+}
+
+/// The answer the model expects `begin` to give at `now`, by the name of its variant.
+fn expected_answer(before: &KeyState, now: Timestamp, other_request: bool) -> &'static str {
+    match before {
         KeyState::Absent => "Claimed",
         KeyState::Held { other, .. } | KeyState::Completed { other, .. }
             if *other != other_request =>
@@ -176,23 +201,23 @@ fn begin(
         KeyState::Completed { .. } => "Replay",
         KeyState::Held { lease_until, .. } if *lease_until > now => "InProgress",
         KeyState::Held { .. } => "Recovered",
-    };
-    let (got, claim) = match answer {
+    }
+}
+
+/// The name of `begin`'s answer, and its claim if it made one.
+fn answer_name(answer: Begin) -> (&'static str, Option<Claim>) {
+    match answer {
         Begin::Claimed(c) => ("Claimed", Some(c)),
         Begin::Recovered(c) => ("Recovered", Some(c)),
         Begin::Replay(_) => ("Replay", None),
         Begin::InProgress { .. } => ("InProgress", None),
         Begin::Mismatch => ("Mismatch", None),
         Begin::Expired { .. } => ("Expired", None),
-    };
-    if got != kind {
-        return Err(violation(format_args!(
-            "begin answered {got}, the model expected {kind} from {before:?}"
-        )));
     }
-    let Some(claim) = claim else {
-        return Ok(());
-    };
+}
+
+/// A new claim's fence was never handed out before, and the claim is what the model expects.
+fn check_claim(claim: &Claim, model: &Model, key: u8, expected: &KeyState) -> Result<(), Step> {
     if claim.fence() < model.next_fence {
         return Err(violation(format_args!(
             "fence {} handed out again (the next new fence is at least {})",
@@ -200,7 +225,6 @@ fn begin(
             model.next_fence
         )));
     }
-    let expected = claimed_after(claim.fence());
     let seen = KeyState::Held {
         other: claim.fingerprint() == fingerprint(key, true),
         fence: claim.fence(),
@@ -208,14 +232,11 @@ fn begin(
         lease_until: claim.lease_until(),
         checkpoint: claim.last_checkpoint().map(<[u8]>::to_vec),
     };
-    if seen != expected {
+    if seen != *expected {
         return Err(violation(format_args!(
             "claim {seen:?}, the model expected {expected:?}"
         )));
     }
-    model.next_fence = claim.fence() + 1;
-    model.keys.insert(key, expected);
-    claims.entry(key).or_default().push_back(claim);
     Ok(())
 }
 
