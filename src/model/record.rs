@@ -232,51 +232,8 @@ impl Record {
         let attempt = r.u32("attempt")?;
         let created_at = Timestamp::from_millis(r.u64("created_at")?);
         let state = match state_tag {
-            STATE_IN_PROGRESS => {
-                let lease_until = Timestamp::from_millis(r.u64("lease_until")?);
-                let checkpoint = match r.u8("checkpoint flag")? {
-                    0 => None,
-                    1 => {
-                        let len = r.u32("checkpoint length")? as usize;
-                        Some(r.take(len, "checkpoint")?.to_vec())
-                    }
-                    other => {
-                        return Err(CorruptRecord::BadField {
-                            field: "checkpoint flag",
-                            detail: format!("{other} is neither 0 nor 1"),
-                        });
-                    }
-                };
-                RecordState::InProgress {
-                    lease_until,
-                    checkpoint,
-                }
-            }
-            STATE_COMPLETED => {
-                let completed_at = Timestamp::from_millis(r.u64("completed_at")?);
-                let expires_at = Timestamp::from_millis(r.u64("expires_at")?);
-                let status = r.u16("status")?;
-                let count = r.u16("header count")?;
-                let mut headers = Vec::with_capacity(usize::from(count).min(64));
-                for _ in 0..count {
-                    let name_len = usize::from(r.u16("header name length")?);
-                    let name = std::str::from_utf8(r.take(name_len, "header name")?)
-                        .map_err(|_| CorruptRecord::BadField {
-                            field: "header name",
-                            detail: "not UTF-8".into(),
-                        })?
-                        .to_owned();
-                    let value_len = r.u32("header value length")? as usize;
-                    headers.push((name, r.take(value_len, "header value")?.to_vec()));
-                }
-                let body_len = r.u32("body length")? as usize;
-                let body = r.take(body_len, "body")?.to_vec();
-                RecordState::Completed {
-                    completed_at,
-                    expires_at,
-                    response: Response::from_parts(status, headers, body),
-                }
-            }
+            STATE_IN_PROGRESS => in_progress(&mut r)?,
+            STATE_COMPLETED => completed(&mut r)?,
             STATE_TOMBSTONE => RecordState::Tombstone {
                 completed_at: Timestamp::from_millis(r.u64("completed_at")?),
                 until: Timestamp::from_millis(r.u64("until")?),
@@ -302,6 +259,55 @@ impl Record {
             state,
         })
     }
+}
+
+/// An in-progress record's fields after the common head: the lease, the checkpoint.
+fn in_progress(r: &mut Reader<'_>) -> Result<RecordState, CorruptRecord> {
+    let lease_until = Timestamp::from_millis(r.u64("lease_until")?);
+    let checkpoint = match r.u8("checkpoint flag")? {
+        0 => None,
+        1 => {
+            let len = r.u32("checkpoint length")? as usize;
+            Some(r.take(len, "checkpoint")?.to_vec())
+        }
+        other => {
+            return Err(CorruptRecord::BadField {
+                field: "checkpoint flag",
+                detail: format!("{other} is neither 0 nor 1"),
+            });
+        }
+    };
+    Ok(RecordState::InProgress {
+        lease_until,
+        checkpoint,
+    })
+}
+
+/// A completed record's fields after the common head: its times, then the response.
+fn completed(r: &mut Reader<'_>) -> Result<RecordState, CorruptRecord> {
+    let completed_at = Timestamp::from_millis(r.u64("completed_at")?);
+    let expires_at = Timestamp::from_millis(r.u64("expires_at")?);
+    let status = r.u16("status")?;
+    let count = r.u16("header count")?;
+    let mut headers = Vec::with_capacity(usize::from(count).min(64));
+    for _ in 0..count {
+        let name_len = usize::from(r.u16("header name length")?);
+        let name = std::str::from_utf8(r.take(name_len, "header name")?)
+            .map_err(|_| CorruptRecord::BadField {
+                field: "header name",
+                detail: "not UTF-8".into(),
+            })?
+            .to_owned();
+        let value_len = r.u32("header value length")? as usize;
+        headers.push((name, r.take(value_len, "header value")?.to_vec()));
+    }
+    let body_len = r.u32("body length")? as usize;
+    let body = r.take(body_len, "body")?.to_vec();
+    Ok(RecordState::Completed {
+        completed_at,
+        expires_at,
+        response: Response::from_parts(status, headers, body),
+    })
 }
 
 fn put_u32_len(out: &mut Vec<u8>, len: usize) {
