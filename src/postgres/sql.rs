@@ -66,219 +66,316 @@ pub(crate) struct Sql {
     pub(crate) drop_dead: Arc<str>,
 }
 
+/// The scope's columns matched against `$1..$3`.
+const PK: &str = "r.tenant = $1 AND r.operation = $2 AND r.key = $3";
+/// A message's columns, as `Message` is read from a row.
+const MESSAGE: &str = "seq, id, subject, payload, committed_ms";
+
 impl Sql {
+    /// Every statement of the store named `names`: each is written by a function below, in
+    /// families (claims, completion, sweep and stats, outbox).
     pub(crate) fn new(names: &Names) -> Self {
-        let (r, fences, channel) = (&names.records, &names.fences, &names.channel);
-        let (outbox, dead) = (&names.outbox, &names.dead_letters);
-        let message = "seq, id, subject, payload, committed_ms";
-        let pk = "r.tenant = $1 AND r.operation = $2 AND r.key = $3";
-        // The completion's CTEs (`$1..$9`; `done` has a row only if the holder's fence still
-        // holds the record) and its answer (`$10` the notification's payload), shared by the
-        // plain completion and the one that publishes.
-        let completing = format!(
-            "t AS (SELECT {now6} AS now),
-             done AS (
-                 UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
-                     expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
-                     checkpoint = NULL, status = $7, headers = $8, body = $9
-                 FROM t WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                 RETURNING r.completed_ms, r.waiters)",
-            now6 = now(6)
-        );
-        let notify_done = format!(
-            "SELECT done.completed_ms FROM done
-             LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true"
-        );
         Sql {
-            // One statement decides and writes. A conflict updates only when the scope may
-            // be claimed: an expired lease of the same request (a take-over: attempt + 1,
-            // the checkpoint and first claim kept), or a completed record or tombstone past
-            // its time (gone: a fresh claim). Anything else updates nothing and returns no
-            // row; the caller then reads the record to answer without writing.
-            claim: format!(
-                "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
-                     origin_fence, attempt, created_ms, lease_until_ms)
-                 SELECT $1, $2, $3, $4, {IN_PROGRESS}, f.fence, f.fence, 1, t.now, t.now + $5::bigint
-                 FROM (SELECT {now6} AS now) AS t, (SELECT nextval('{fences}') AS fence) AS f
-                 ON CONFLICT (tenant, operation, key) DO UPDATE SET
-                     fence = EXCLUDED.fence,
-                     origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
-                                         ELSE EXCLUDED.origin_fence END,
-                     attempt = CASE WHEN r.state = {IN_PROGRESS} THEN r.attempt + 1 ELSE 1 END,
-                     created_ms = CASE WHEN r.state = {IN_PROGRESS} THEN r.created_ms
-                                       ELSE EXCLUDED.created_ms END,
-                     checkpoint = CASE WHEN r.state = {IN_PROGRESS} THEN r.checkpoint END,
-                     fingerprint = EXCLUDED.fingerprint,
-                     state = {IN_PROGRESS},
-                     lease_until_ms = EXCLUDED.lease_until_ms,
-                     waiters = false,
-                     expires_ms = NULL, completed_ms = NULL,
-                     status = NULL, headers = NULL, body = NULL
-                 WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
-                        AND r.lease_until_ms <= EXCLUDED.created_ms)
-                    OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
-                    OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
-                 RETURNING r.fence, r.origin_fence, r.attempt, r.lease_until_ms, r.checkpoint",
-                now6 = now(6)
-            )
-            .into(),
-            lookup: format!(
-                "SELECT r.fingerprint, r.state, r.fence, r.origin_fence, r.attempt, r.created_ms,
-                        r.lease_until_ms, r.expires_ms, r.completed_ms, r.checkpoint,
-                        r.status, r.headers, r.body, {now4} AS now
-                 FROM {r} AS r WHERE {pk}",
-                now4 = now(4)
-            )
-            .into(),
-            // The notification is sent only if the update happened and someone waits for it
-            // (`waiters`), and only on commit. Not for every completion: PostgreSQL serializes
-            // the commits of transactions that notify, which would undo its group commit.
-            complete: format!("WITH {completing} {notify_done}").into(),
-            // The messages go in only if the completion updated the record (a stale commit
-            // rolls back anyway), stamped with its time; ordinality keeps the arrays' order,
-            // so seqs follow the publishing order.
-            complete_publishing: format!(
-                "WITH {completing},
-                 sent AS (
-                     INSERT INTO {outbox} (id, subject, payload, committed_ms)
-                     SELECT m.id, m.subject, m.payload, done.completed_ms
-                     FROM unnest($11::text[], $12::text[], $13::bytea[])
-                              WITH ORDINALITY AS m(id, subject, payload, n),
-                          done
-                     ORDER BY m.n)
-                 {notify_done}"
-            )
-            .into(),
-            release: format!(
-                "WITH gone AS (
-                     DELETE FROM {r} AS r WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                     RETURNING r.fence, r.waiters)
-                 SELECT gone.fence FROM gone
-                 LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $5) WHERE gone.waiters) AS n ON true"
-            )
-            .into(),
-            mark_waiting: format!(
-                "UPDATE {r} AS r SET waiters = true
-                 WHERE {pk} AND r.state = {IN_PROGRESS} RETURNING r.fence"
-            )
-            .into(),
-            extend: format!(
-                "UPDATE {r} AS r SET lease_until_ms = CASE WHEN $7::boolean
-                     THEN greatest(r.lease_until_ms, t.now + $5::bigint) ELSE t.now + $5::bigint END
-                 FROM (SELECT {now6} AS now) AS t
-                 WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS}
-                 RETURNING r.lease_until_ms",
-                now6 = now(6)
-            )
-            .into(),
-            checkpoint: format!(
-                "UPDATE {r} AS r SET checkpoint = $5
-                 WHERE {pk} AND r.fence = $4 AND r.state = {IN_PROGRESS} RETURNING r.fence"
-            )
-            .into(),
-            holder: format!("SELECT r.fence, r.state FROM {r} AS r WHERE {pk}").into(),
-            // Due rows are locked and skipped if locked, so sweepers of several instances
-            // share the work instead of waiting for each other. `more` looks past the limit
-            // in the statement's snapshot (which still holds the rows handled here).
-            evict_completed: format!(
-                "WITH t AS (SELECT {now1} AS now),
-                 due AS (
-                     SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
-                     WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
-                     ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
-                 gone AS (
-                     DELETE FROM {r} AS r USING due
-                     WHERE $3::bigint = 0 AND r.tenant = due.tenant
-                       AND r.operation = due.operation AND r.key = due.key
-                     RETURNING 1),
-                 marked AS (
-                     UPDATE {r} AS r SET state = {TOMBSTONE}, expires_ms = r.expires_ms + $3::bigint,
-                         status = NULL, headers = NULL, body = NULL
-                     FROM due
-                     WHERE $3::bigint > 0 AND r.tenant = due.tenant
-                       AND r.operation = due.operation AND r.key = due.key
-                     RETURNING 1)
-                 SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM marked) AS done,
-                        EXISTS (SELECT 1 FROM {r} AS r, t
-                                WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
-                                OFFSET $2) AS more",
-                now1 = now(1)
-            )
-            .into(),
-            evict_tombstones: format!(
-                "WITH t AS (SELECT {now1} AS now),
-                 due AS (
-                     SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
-                     WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
-                     ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
-                 gone AS (
-                     DELETE FROM {r} AS r USING due
-                     WHERE r.tenant = due.tenant AND r.operation = due.operation
-                       AND r.key = due.key
-                     RETURNING 1)
-                 SELECT (SELECT count(*) FROM gone) AS done,
-                        EXISTS (SELECT 1 FROM {r} AS r, t
-                                WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
-                                OFFSET $2) AS more",
-                now1 = now(1)
-            )
-            .into(),
-            abandoned: format!(
-                "SELECT r.tenant, r.operation, r.key, r.fingerprint, r.fence, r.attempt,
-                        r.created_ms, r.lease_until_ms, r.checkpoint
-                 FROM {r} AS r, (SELECT {now1} AS now) AS t
-                 WHERE r.state = {IN_PROGRESS} AND r.lease_until_ms <= t.now
-                 ORDER BY r.lease_until_ms LIMIT $2",
-                now1 = now(1)
-            )
-            .into(),
-            stats: format!(
-                "SELECT count(*) AS records,
-                        count(*) FILTER (WHERE state = {IN_PROGRESS}) AS in_progress,
-                        count(*) FILTER (WHERE state = {COMPLETED}) AS completed,
-                        count(*) FILTER (WHERE state = {TOMBSTONE}) AS tombstones,
-                        (SELECT created_ms FROM {r} WHERE state = {IN_PROGRESS}
-                         ORDER BY lease_until_ms LIMIT 1) AS first_in_progress,
-                        (SELECT count(*) FROM {outbox}) AS outbox_pending,
-                        (SELECT min(committed_ms) FROM {outbox}) AS first_pending,
-                        (SELECT count(*) FROM {dead}) AS dead_letters,
-                        {now1} AS now
-                 FROM {r}",
-                now1 = now(1)
-            )
-            .into(),
-            pending: format!(
-                "SELECT {message} FROM {outbox} WHERE subject <> ALL($2) ORDER BY seq LIMIT $1"
-            )
-            .into(),
-            delivered: format!("DELETE FROM {outbox} WHERE seq = ANY($1::bigint[])").into(),
-            // A seq no longer in the outbox (settled before) moves nothing.
-            bury: format!(
-                "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[])
-                                AS d(seq, attempts, last_error)),
-                 gone AS (DELETE FROM {outbox} AS o USING d WHERE o.seq = d.seq
-                          RETURNING o.seq, o.id, o.subject, o.payload, o.committed_ms)
-                 INSERT INTO {dead} (seq, id, subject, payload, committed_ms, attempts,
-                                     last_error, dead_ms)
-                 SELECT g.seq, g.id, g.subject, g.payload, g.committed_ms, d.attempts,
-                        d.last_error, {now4}
-                 FROM gone AS g JOIN d ON d.seq = g.seq",
-                now4 = now(4)
-            )
-            .into(),
-            dead_letters: format!(
-                "SELECT {message}, attempts, last_error, dead_ms FROM {dead} ORDER BY seq LIMIT $1"
-            )
-            .into(),
-            retry_dead: format!(
-                "WITH gone AS (DELETE FROM {dead} WHERE seq = $1
-                               RETURNING id, subject, payload, committed_ms)
-                 INSERT INTO {outbox} (id, subject, payload, committed_ms)
-                 SELECT id, subject, payload, committed_ms FROM gone
-                 RETURNING {message}"
-            )
-            .into(),
-            drop_dead: format!("DELETE FROM {dead} WHERE seq = $1 RETURNING seq").into(),
+            claim: claim(names).into(),
+            lookup: lookup(names).into(),
+            complete: complete(names).into(),
+            complete_publishing: complete_publishing(names).into(),
+            release: release(names).into(),
+            mark_waiting: mark_waiting(names).into(),
+            extend: extend(names).into(),
+            checkpoint: checkpoint(names).into(),
+            holder: holder(names).into(),
+            evict_completed: evict_completed(names).into(),
+            evict_tombstones: evict_tombstones(names).into(),
+            abandoned: abandoned(names).into(),
+            stats: stats(names).into(),
+            pending: pending(names).into(),
+            delivered: delivered(names).into(),
+            bury: bury(names).into(),
+            dead_letters: dead_letters(names).into(),
+            retry_dead: retry_dead(names).into(),
+            drop_dead: drop_dead(names).into(),
         }
     }
+}
+
+// Claims: the claim, what a claim that wrote nothing answers from, and what a holder does.
+
+/// One statement decides and writes. A conflict updates only when the scope may be claimed:
+/// an expired lease of the same request (a take-over: attempt + 1, the checkpoint and first
+/// claim kept), or a completed record or tombstone past its time (gone: a fresh claim).
+/// Anything else updates nothing and returns no row; the caller then reads the record to
+/// answer without writing.
+fn claim(names: &Names) -> String {
+    let (r, fences) = (&names.records, &names.fences);
+    format!(
+        "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
+             origin_fence, attempt, created_ms, lease_until_ms)
+         SELECT $1, $2, $3, $4, {IN_PROGRESS}, f.fence, f.fence, 1, t.now, t.now + $5::bigint
+         FROM (SELECT {now6} AS now) AS t, (SELECT nextval('{fences}') AS fence) AS f
+         ON CONFLICT (tenant, operation, key) DO UPDATE SET
+             fence = EXCLUDED.fence,
+             origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
+                                 ELSE EXCLUDED.origin_fence END,
+             attempt = CASE WHEN r.state = {IN_PROGRESS} THEN r.attempt + 1 ELSE 1 END,
+             created_ms = CASE WHEN r.state = {IN_PROGRESS} THEN r.created_ms
+                               ELSE EXCLUDED.created_ms END,
+             checkpoint = CASE WHEN r.state = {IN_PROGRESS} THEN r.checkpoint END,
+             fingerprint = EXCLUDED.fingerprint,
+             state = {IN_PROGRESS},
+             lease_until_ms = EXCLUDED.lease_until_ms,
+             waiters = false,
+             expires_ms = NULL, completed_ms = NULL,
+             status = NULL, headers = NULL, body = NULL
+         WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
+                AND r.lease_until_ms <= EXCLUDED.created_ms)
+            OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
+            OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
+         RETURNING r.fence, r.origin_fence, r.attempt, r.lease_until_ms, r.checkpoint",
+        now6 = now(6)
+    )
+}
+
+fn lookup(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "SELECT r.fingerprint, r.state, r.fence, r.origin_fence, r.attempt, r.created_ms,
+                r.lease_until_ms, r.expires_ms, r.completed_ms, r.checkpoint,
+                r.status, r.headers, r.body, {now4} AS now
+         FROM {r} AS r WHERE {PK}",
+        now4 = now(4)
+    )
+}
+
+fn mark_waiting(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "UPDATE {r} AS r SET waiters = true
+         WHERE {PK} AND r.state = {IN_PROGRESS} RETURNING r.fence"
+    )
+}
+
+fn extend(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "UPDATE {r} AS r SET lease_until_ms = CASE WHEN $7::boolean
+             THEN greatest(r.lease_until_ms, t.now + $5::bigint) ELSE t.now + $5::bigint END
+         FROM (SELECT {now6} AS now) AS t
+         WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+         RETURNING r.lease_until_ms",
+        now6 = now(6)
+    )
+}
+
+fn checkpoint(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "UPDATE {r} AS r SET checkpoint = $5
+         WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS} RETURNING r.fence"
+    )
+}
+
+fn holder(names: &Names) -> String {
+    let r = &names.records;
+    format!("SELECT r.fence, r.state FROM {r} AS r WHERE {PK}")
+}
+
+// Completion: the holder stores its response (publishing messages with it, or not), or gives
+// the scope back.
+
+/// The completion's CTEs (`$1..$9`; `done` has a row only if the holder's fence still holds
+/// the record), shared by the plain completion and the one that publishes.
+fn completing(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "t AS (SELECT {now6} AS now),
+         done AS (
+             UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
+                 expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
+                 checkpoint = NULL, status = $7, headers = $8, body = $9
+             FROM t WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+             RETURNING r.completed_ms, r.waiters)",
+        now6 = now(6)
+    )
+}
+
+/// The completion's answer (`$10` the notification's payload), shared like `completing`.
+fn notify_done(names: &Names) -> String {
+    let channel = &names.channel;
+    format!(
+        "SELECT done.completed_ms FROM done
+         LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $10) WHERE done.waiters) AS n ON true"
+    )
+}
+
+/// The notification is sent only if the update happened and someone waits for it (`waiters`),
+/// and only on commit. Not for every completion: PostgreSQL serializes the commits of
+/// transactions that notify, which would undo its group commit.
+fn complete(names: &Names) -> String {
+    let (completing, notify_done) = (completing(names), notify_done(names));
+    format!("WITH {completing} {notify_done}")
+}
+
+/// The messages go in only if the completion updated the record (a stale commit rolls back
+/// anyway), stamped with its time; ordinality keeps the arrays' order, so seqs follow the
+/// publishing order.
+fn complete_publishing(names: &Names) -> String {
+    let outbox = &names.outbox;
+    let (completing, notify_done) = (completing(names), notify_done(names));
+    format!(
+        "WITH {completing},
+         sent AS (
+             INSERT INTO {outbox} (id, subject, payload, committed_ms)
+             SELECT m.id, m.subject, m.payload, done.completed_ms
+             FROM unnest($11::text[], $12::text[], $13::bytea[])
+                      WITH ORDINALITY AS m(id, subject, payload, n),
+                  done
+             ORDER BY m.n)
+         {notify_done}"
+    )
+}
+
+fn release(names: &Names) -> String {
+    let (r, channel) = (&names.records, &names.channel);
+    format!(
+        "WITH gone AS (
+             DELETE FROM {r} AS r WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+             RETURNING r.fence, r.waiters)
+         SELECT gone.fence FROM gone
+         LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $5) WHERE gone.waiters) AS n ON true"
+    )
+}
+
+// Sweep and stats: eviction past the TTL, abandoned claims, counts.
+
+/// Due rows are locked and skipped if locked, so sweepers of several instances share the work
+/// instead of waiting for each other. `more` looks past the limit in the statement's snapshot
+/// (which still holds the rows handled here).
+fn evict_completed(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "WITH t AS (SELECT {now1} AS now),
+         due AS (
+             SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
+             WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
+             ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
+         gone AS (
+             DELETE FROM {r} AS r USING due
+             WHERE $3::bigint = 0 AND r.tenant = due.tenant
+               AND r.operation = due.operation AND r.key = due.key
+             RETURNING 1),
+         marked AS (
+             UPDATE {r} AS r SET state = {TOMBSTONE}, expires_ms = r.expires_ms + $3::bigint,
+                 status = NULL, headers = NULL, body = NULL
+             FROM due
+             WHERE $3::bigint > 0 AND r.tenant = due.tenant
+               AND r.operation = due.operation AND r.key = due.key
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM marked) AS done,
+                EXISTS (SELECT 1 FROM {r} AS r, t
+                        WHERE r.state = {COMPLETED} AND r.expires_ms <= t.now
+                        OFFSET $2) AS more",
+        now1 = now(1)
+    )
+}
+
+fn evict_tombstones(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "WITH t AS (SELECT {now1} AS now),
+         due AS (
+             SELECT r.tenant, r.operation, r.key FROM {r} AS r, t
+             WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
+             ORDER BY r.expires_ms LIMIT $2 FOR UPDATE OF r SKIP LOCKED),
+         gone AS (
+             DELETE FROM {r} AS r USING due
+             WHERE r.tenant = due.tenant AND r.operation = due.operation
+               AND r.key = due.key
+             RETURNING 1)
+         SELECT (SELECT count(*) FROM gone) AS done,
+                EXISTS (SELECT 1 FROM {r} AS r, t
+                        WHERE r.state = {TOMBSTONE} AND r.expires_ms <= t.now
+                        OFFSET $2) AS more",
+        now1 = now(1)
+    )
+}
+
+fn abandoned(names: &Names) -> String {
+    let r = &names.records;
+    format!(
+        "SELECT r.tenant, r.operation, r.key, r.fingerprint, r.fence, r.attempt,
+                r.created_ms, r.lease_until_ms, r.checkpoint
+         FROM {r} AS r, (SELECT {now1} AS now) AS t
+         WHERE r.state = {IN_PROGRESS} AND r.lease_until_ms <= t.now
+         ORDER BY r.lease_until_ms LIMIT $2",
+        now1 = now(1)
+    )
+}
+
+fn stats(names: &Names) -> String {
+    let (r, outbox, dead) = (&names.records, &names.outbox, &names.dead_letters);
+    format!(
+        "SELECT count(*) AS records,
+                count(*) FILTER (WHERE state = {IN_PROGRESS}) AS in_progress,
+                count(*) FILTER (WHERE state = {COMPLETED}) AS completed,
+                count(*) FILTER (WHERE state = {TOMBSTONE}) AS tombstones,
+                (SELECT created_ms FROM {r} WHERE state = {IN_PROGRESS}
+                 ORDER BY lease_until_ms LIMIT 1) AS first_in_progress,
+                (SELECT count(*) FROM {outbox}) AS outbox_pending,
+                (SELECT min(committed_ms) FROM {outbox}) AS first_pending,
+                (SELECT count(*) FROM {dead}) AS dead_letters,
+                {now1} AS now
+         FROM {r}",
+        now1 = now(1)
+    )
+}
+
+// Outbox: delivery, dead letters.
+
+fn pending(names: &Names) -> String {
+    let outbox = &names.outbox;
+    format!("SELECT {MESSAGE} FROM {outbox} WHERE subject <> ALL($2) ORDER BY seq LIMIT $1")
+}
+
+fn delivered(names: &Names) -> String {
+    let outbox = &names.outbox;
+    format!("DELETE FROM {outbox} WHERE seq = ANY($1::bigint[])")
+}
+
+/// A seq no longer in the outbox (settled before) moves nothing.
+fn bury(names: &Names) -> String {
+    let (outbox, dead) = (&names.outbox, &names.dead_letters);
+    format!(
+        "WITH d AS (SELECT * FROM unnest($1::bigint[], $2::integer[], $3::text[])
+                        AS d(seq, attempts, last_error)),
+         gone AS (DELETE FROM {outbox} AS o USING d WHERE o.seq = d.seq
+                  RETURNING o.seq, o.id, o.subject, o.payload, o.committed_ms)
+         INSERT INTO {dead} (seq, id, subject, payload, committed_ms, attempts,
+                             last_error, dead_ms)
+         SELECT g.seq, g.id, g.subject, g.payload, g.committed_ms, d.attempts,
+                d.last_error, {now4}
+         FROM gone AS g JOIN d ON d.seq = g.seq",
+        now4 = now(4)
+    )
+}
+
+fn dead_letters(names: &Names) -> String {
+    let dead = &names.dead_letters;
+    format!("SELECT {MESSAGE}, attempts, last_error, dead_ms FROM {dead} ORDER BY seq LIMIT $1")
+}
+
+fn retry_dead(names: &Names) -> String {
+    let (outbox, dead) = (&names.outbox, &names.dead_letters);
+    format!(
+        "WITH gone AS (DELETE FROM {dead} WHERE seq = $1
+                       RETURNING id, subject, payload, committed_ms)
+         INSERT INTO {outbox} (id, subject, payload, committed_ms)
+         SELECT id, subject, payload, committed_ms FROM gone
+         RETURNING {MESSAGE}"
+    )
+}
+
+fn drop_dead(names: &Names) -> String {
+    let dead = &names.dead_letters;
+    format!("DELETE FROM {dead} WHERE seq = $1 RETURNING seq")
 }
