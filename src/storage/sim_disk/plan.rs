@@ -1,5 +1,9 @@
 //! What a test plans for the simulated disk (faults, and what a crash does to the write in
-//! flight), and what the disk counted.
+//! flight), how the disk applies the plan to each operation, and what the disk counted.
+
+use std::io;
+
+use super::{DiskState, SimDisk, crash_error};
 
 /// Faults to inject, counted in mutating operations (writes, length changes and syncs of any
 /// file, and directory syncs), numbered from 1.
@@ -74,5 +78,49 @@ impl DiskCounters {
     /// Syncs of any file (the numbering of [`FaultPlan::fail_sync`]).
     pub fn syncs(&self) -> u64 {
         self.log_syncs + self.db_syncs
+    }
+}
+
+impl SimDisk {
+    /// Counts a mutating operation and applies the fault plan to it.
+    pub(super) fn mutate(state: &mut DiskState) -> io::Result<()> {
+        if state.crashed {
+            return Err(crash_error());
+        }
+        state.counters.ops += 1;
+        let op = state.counters.ops;
+        if state.plan.crash_at.is_some_and(|at| op >= at) {
+            state.crashed = true;
+            state.counters.faults += 1;
+            return Err(crash_error());
+        }
+        if state.plan.fail_at == Some(op) {
+            Self::fired(state);
+            return Err(io::Error::other(format!(
+                "injected I/O error at operation {op}"
+            )));
+        }
+        if state.plan.full_at == Some(op) {
+            Self::fired(state);
+            return Err(io::Error::new(
+                io::ErrorKind::StorageFull,
+                format!("injected full disk at operation {op}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A planned fault fired at the current operation: arms the chained one, if any.
+    pub(super) fn fired(state: &mut DiskState) {
+        state.counters.faults += 1;
+        let Some(then) = state.plan.then.take() else {
+            return;
+        };
+        let at = state.counters.ops + then.after.max(1);
+        match then.fault {
+            SecondFault::Crash => state.plan.crash_at = Some(at),
+            SecondFault::Fail => state.plan.fail_at = Some(at),
+            SecondFault::Full => state.plan.full_at = Some(at),
+        }
     }
 }
