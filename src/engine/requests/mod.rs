@@ -70,6 +70,13 @@ fn stale(shared: &Shared, refusal: &Refusal) {
     }
 }
 
+/// Counts the answer of a fenced request that has nothing else to count.
+fn stale_if_refused<T>(shared: &Shared, answer: &Result<T, Refusal>) {
+    if let Err(refusal) = answer {
+        stale(shared, refusal);
+    }
+}
+
 /// `begin`, decided again inside the writer's transaction, where racing claims are
 /// serialised: a claim or a take-over, or the answer that the race made of it.
 pub(in crate::engine) fn begin(
@@ -141,11 +148,7 @@ pub(crate) fn extend(
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         claims::extend(tx, ctx, &scope, fence, lease, Extension::Exactly)
     })
-    .counted(|shared, answer| {
-        if let Err(refusal) = answer {
-            stale(shared, refusal);
-        }
-    })
+    .counted(stale_if_refused)
 }
 
 /// The keep-alive's renewal: the end of the lease of `fence`'s claim at least `lease` from
@@ -165,11 +168,7 @@ pub(crate) fn checkpoint(scope: Scope, fence: u64, bytes: Vec<u8>) -> Request<Re
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
         claims::checkpoint(tx, ctx, &scope, fence, bytes)
     })
-    .counted(|shared, answer| {
-        if let Err(refusal) = answer {
-            stale(shared, refusal);
-        }
-    })
+    .counted(stale_if_refused)
 }
 
 /// Removes a scope's record, for an operator.
