@@ -27,8 +27,9 @@ pub type CommitError<C = Claim> = crate::error::CommitError<C>;
 ///
 /// Every operation is checked against the claim's **fence**: if the lease expired and another
 /// attempt took over, this claim can no longer commit, release, extend or checkpoint, and gets
-/// [`StaleClaim`]. Dropping a claim without finishing it leaves the scope in progress until its
-/// lease expires (the work's outcome is unknown, so nothing is released silently).
+/// [`StaleClaim`](crate::StaleClaim). Dropping a claim without finishing it leaves the scope
+/// in progress until its lease expires (the work's outcome is unknown, so nothing is released
+/// silently).
 #[must_use = "an unfinished claim holds its key until the lease expires"]
 pub struct Claim {
     store: Store,

@@ -8,26 +8,31 @@
 //! transactions directly and never wait for the writer. The engine must never answer a request
 //! before the request's group is durable.
 //!
-//! The folders, each named by what it does:
-//! - `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through the
-//!   indexes, the overlay of acknowledged records not yet published, the claims held here;
-//! - `requests`: each write a facade can ask for, and what it does on the writer;
-//! - `writer`: the writer thread, the queue to it, its jobs, groups, epochs and checkpoints;
-//! - `recovery`: catching up with the log at open, replay, restoring in place, the poison;
-//! - `tables`: the registry, the store's own tables and key layout, transactions, the file;
-//! - `upkeep` (eviction, checkpoints, compaction, recovery on request), the `sweeper` that
-//!   runs it, and the `counters`, at the top.
+//! The folders and files, each named by what it does, top to bottom: each names only those
+//! below it (`.ci/floors.py` checks this too).
+//! 1. `upkeep` (eviction, checkpoints, compaction, recovery on request) and the `sweeper`
+//!    that runs it;
+//! 2. `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through
+//!    the indexes, the overlay of acknowledged records not yet published;
+//! 3. `requests`: each write a facade can ask for, what it does on the writer, and the queue
+//!    that hands it over and waits for its answer;
+//! 4. `writer`: the writer thread, its jobs, groups, epochs, checkpoints and restores;
+//! 5. `recovery`: catching up with the log at open, and replaying it;
+//! 6. `tables`: the registry, the store's own tables and key layout, transactions, the file;
+//! 7. `counters`, `poison` (writes refused after a failure) and `watchers` (the claims held
+//!    here, and who waits for them), which every floor may touch.
 
 mod counters;
+mod poison;
 mod reads;
 mod recovery;
 mod requests;
 mod sweeper;
 mod tables;
 mod upkeep;
+mod watchers;
 mod writer;
 
-pub(crate) use self::reads::watchers::HoldToken;
 pub(crate) use self::requests::Request;
 pub(crate) use self::requests::answers::{
     CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure,
@@ -35,6 +40,7 @@ pub(crate) use self::requests::answers::{
 pub(crate) use self::tables::layout::Tables;
 pub use self::tables::read_tx::ReadTx;
 pub use self::tables::tx::{OwnedValue, Tx};
+pub(crate) use self::watchers::HoldToken;
 
 /// The store's table names, meta keys and index key layout, for reading a store's file
 /// without an engine (`inspect`, feature `cli`): the layout is documented in `docs/design.md`
@@ -73,8 +79,8 @@ use crate::storage::{Storage, SyncWatch};
 use crate::wal::RecoveryReport;
 
 use self::counters::Counters;
+use self::poison::Poison;
 use self::reads::overlay::Overlay;
-use self::recovery::poison::Poison;
 use self::tables::database::DbSlot;
 use self::tables::layout::InternalTables;
 use self::tables::registry::Registry;
@@ -101,7 +107,7 @@ pub(crate) struct Shared {
     /// Records acknowledged but not yet published to redb.
     pub(crate) overlay: Arc<Overlay>,
     /// Claims held and callers waiting, per scope, in this process.
-    pub(crate) watchers: Arc<reads::watchers::Watchers>,
+    pub(crate) watchers: Arc<watchers::Watchers>,
     /// What the last recovery (at open, or in place) found in the log.
     pub(crate) recovery: Arc<Mutex<RecoveryReport>>,
     /// Whether a sync of the database file failed since it was last written whole.
@@ -139,15 +145,15 @@ impl Engine {
         let db_watch = Arc::new(SyncWatch::default());
         // redb panics on some damaged files; every step that reads the file is guarded, so
         // that a damaged store is an error that says so.
-        let db = recovery::restore::guarded(&storage, || {
+        let db = recovery::guarded(&storage, || {
             storage.database(config.memory().redb_cache, &db_watch)
         })?;
-        recovery::restore::guarded(&storage, || {
+        recovery::guarded(&storage, || {
             tables::meta::set_up(&db, &registry, &storage.db_path())
         })?;
         // Replay whatever the log holds past the checkpoint, in either durability mode: a store
         // last opened with the log must not lose it when reopened without.
-        let caught_up = recovery::restore::guarded(&storage, || {
+        let caught_up = recovery::guarded(&storage, || {
             recovery::catch_up::catch_up(&db, &registry, &storage, &config, None)
         })?;
         log_opened(&caught_up.report);

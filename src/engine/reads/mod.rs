@@ -1,7 +1,6 @@
-//! The read path: `begin` before the writer, reads through the indexes, the overlay of
-//! records acknowledged but not yet published, and the claims this process holds.
+//! The read path: `begin` before the writer, reads through the indexes, and the overlay of
+//! records acknowledged but not yet published.
 
 pub(super) mod begin;
 pub(super) mod overlay;
 pub(super) mod scan;
-pub(super) mod watchers;

@@ -254,7 +254,7 @@ fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError>
 fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(StoreError::Damaged {
-            detail: crate::engine::writer::job::panic_message(panic.as_ref()),
+            detail: crate::engine::poison::panic_message(panic.as_ref()),
         })
     })
 }

@@ -1,7 +1,24 @@
-//! Getting back to what was acknowledged: catching up with the log at open, replaying its
-//! frames, restoring in place after a failure, and the poison that stops writes meanwhile.
+//! Getting back to what was acknowledged: catching up with the log at open and replaying its
+//! frames, for opening and for the writer's restore in place (`writer::restore`).
 
 pub(super) mod catch_up;
-pub(super) mod poison;
 pub(super) mod replay;
-pub(super) mod restore;
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::engine::poison::panic_message;
+use crate::error::OpenError;
+
+/// Runs a step of opening or recovering that reads the database file, turning a panic inside
+/// redb (a damaged file) into an error.
+pub(in crate::engine) fn guarded<T>(
+    storage: &crate::storage::Storage,
+    step: impl FnOnce() -> Result<T, OpenError>,
+) -> Result<T, OpenError> {
+    catch_unwind(AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        Err(OpenError::Damaged {
+            path: storage.db_path(),
+            detail: panic_message(panic.as_ref()),
+        })
+    })
+}

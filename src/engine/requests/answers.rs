@@ -5,8 +5,8 @@ use crate::model::claim::Grant;
 use crate::model::clock::Timestamp;
 use crate::model::record::{Record, RecordState};
 
-use crate::engine::reads::watchers::HoldToken;
 use crate::engine::tables::tx::Tx;
+use crate::engine::watchers::HoldToken;
 
 /// What the writer holds for a claim it granted.
 #[derive(Debug)]

@@ -20,10 +20,11 @@ use crate::model::scope::Scope;
 use super::answers::{CommitRefusal, Held, Refusal, UserFailure, UserWork};
 use super::outbox;
 use super::records::{read_record, write_record};
-use crate::engine::reads::watchers::HoldToken;
+use crate::engine::poison::panic_message;
 use crate::engine::tables::tx::Tx;
+use crate::engine::watchers::HoldToken;
 use crate::engine::writer::context::Context;
-use crate::engine::writer::job::{Keep, panic_message};
+use crate::engine::writer::job::Keep;
 
 /// `begin`, decided against the group's transaction.
 pub(crate) fn begin(

@@ -9,6 +9,7 @@ pub(super) mod answers;
 mod claims;
 mod evict;
 pub(super) mod outbox;
+mod queue;
 mod records;
 
 use std::time::{Duration, Instant};

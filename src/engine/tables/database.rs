@@ -11,7 +11,7 @@ use redb::Database;
 
 use crate::error::StoreError;
 
-use crate::engine::recovery::poison::Poison;
+use crate::engine::poison::Poison;
 
 #[derive(Debug)]
 pub(crate) struct DbSlot {

@@ -8,8 +8,8 @@ use crate::model::pace::Pace;
 
 use std::sync::Arc;
 
-use crate::engine::reads::watchers::Watchers;
 use crate::engine::tables::layout::{InternalTables, META_NEXT_FENCE};
+use crate::engine::watchers::Watchers;
 
 /// Per-request view of the writer's state.
 #[derive(Debug)]

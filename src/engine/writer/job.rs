@@ -4,6 +4,7 @@
 //! The work runs first; its answer waits until the whole group is durable (or has failed), so a
 //! caller never hears of a write that could still be lost.
 
+use crate::engine::poison::panic_message;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::engine::tables::tx::Tx;
@@ -224,16 +225,5 @@ where
             }),
         };
         reply(result);
-    }
-}
-
-/// The text of a panic payload, for error messages.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-text payload".to_owned()
     }
 }

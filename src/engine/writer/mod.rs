@@ -53,15 +53,16 @@ use crate::wal::{
 };
 
 use self::context::{Context, Needs};
-use self::job::{Job, JobKind, Keep, panic_message};
+use self::job::{Job, JobKind, Keep};
 use super::Shared;
 use crate::engine::counters::Counters;
+use crate::engine::poison::PanicGuard;
+use crate::engine::poison::panic_message;
 use crate::engine::recovery::catch_up;
-use crate::engine::recovery::poison::PanicGuard;
 use crate::engine::recovery::replay;
-use crate::engine::recovery::restore::Reopen;
 use crate::engine::tables::open_tables::OpenTables;
 use crate::engine::tables::write_set::WriteSet;
+use crate::engine::writer::restore::Reopen;
 use crate::model::backoff::Backoff;
 
 /// How long an epoch waits for more work before publishing: long enough for clients that were
@@ -110,7 +111,7 @@ mod group;
 pub(super) mod job;
 mod mode;
 mod publish;
-mod queue;
+pub(super) mod restore;
 
 use self::epoch::{Epoch, GroupOutcome};
 use self::mode::AfterGroup;

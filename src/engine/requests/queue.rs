@@ -13,9 +13,9 @@ use redb::Database;
 use crate::error::StoreError;
 use crate::wal::RecoveryReport;
 
-use super::job::{ExclusiveTask, Job, ReopenTask, Task};
 use crate::engine::Engine;
 use crate::engine::requests::{Request, Tally};
+use crate::engine::writer::job::{ExclusiveTask, Job, ReopenTask, Task};
 
 /// Where a job went when offered to the queue without waiting.
 enum Offered {

@@ -17,8 +17,8 @@ use redb::Database;
 use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::wal::{Log, RecoveryReport};
 
-use super::catch_up::{self, CaughtUp};
-use crate::engine::writer::job::panic_message;
+use crate::engine::recovery::catch_up::{self, CaughtUp};
+use crate::engine::recovery::guarded;
 use crate::engine::writer::{Appends, Mode, Writer, start_log};
 
 /// Whether recovering in place reopens the redb file.
@@ -205,20 +205,6 @@ impl Writer {
         self.appends = Appends::Open;
         Ok(caught_up)
     }
-}
-
-/// Runs a step of opening or recovering that reads the database file, turning a panic inside
-/// redb (a damaged file) into an error.
-pub(in crate::engine) fn guarded<T>(
-    storage: &crate::storage::Storage,
-    step: impl FnOnce() -> Result<T, OpenError>,
-) -> Result<T, OpenError> {
-    catch_unwind(AssertUnwindSafe(step)).unwrap_or_else(|panic| {
-        Err(OpenError::Damaged {
-            path: storage.db_path(),
-            detail: panic_message(panic.as_ref()),
-        })
-    })
 }
 
 /// A failed restore leaves the store poisoned with this cause.
