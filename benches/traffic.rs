@@ -4,7 +4,8 @@
 //! keys in order (`key-{i:012}`) to stores that fit in memory; real keys are random, and a
 //! real store is as large as its TTL makes it.
 //!
-//! `cargo bench --bench traffic` (about 6 minutes at the defaults; Linux, for `/proc`). For
+//! `cargo bench --bench traffic` (Linux, for `/proc`; at the defaults about 2.5M pairs in all,
+//! an estimated 5 to 10 minutes on a quiet 2-core machine, not yet timed at full size). For
 //! each key kind (v4, v7) and each size, on a fresh store in a fresh directory:
 //!
 //! 1. fill: pairs/s per tenth of the fill, and the last tenth ÷ the first;
