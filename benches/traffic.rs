@@ -194,6 +194,41 @@ fn fill(store: &Store, kind: Kind, count: u64, sample: u64) -> Fill {
     Fill { rate, tenths, kept }
 }
 
+impl Fill {
+    /// Pairs/s in the last tenth ÷ in the first.
+    fn ratio(&self) -> f64 {
+        self.tenths[9] / self.tenths[0]
+    }
+
+    /// The fill's cells of the summary.
+    fn cells(&self) -> [(&'static str, String); 3] {
+        let tenths: Vec<String> = self.tenths.iter().map(|&r| rate(r)).collect();
+        let ratio = self.ratio();
+        [
+            ("fill pairs/s", rate(self.rate)),
+            ("fill pairs/s per tenth", tenths.join(" ")),
+            ("fill last tenth ÷ first", format!("{ratio:.2}")),
+        ]
+    }
+}
+
+/// The disk, write and memory cells every phase of the summary ends with.
+fn footprint(
+    redb: u64,
+    all: u64,
+    records: u64,
+    (dirtied, wchar): (String, String),
+    rss: Option<u64>,
+) -> [(&'static str, String); 5] {
+    [
+        ("redb file B/record", per(redb, records)),
+        ("directory B/record (log included)", per(all, records)),
+        (WRITE_BYTES, dirtied),
+        (WCHAR, wchar),
+        ("peak RSS", mib(rss)),
+    ]
+}
+
 struct Timed {
     done: u64,
     rate: f64,
@@ -438,7 +473,7 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
     let rss_reset = s.rss_reset && reset_peak_rss();
     println!("\n## {} keys, {} records", kind.name(), count(size));
     let before = written();
-    let filled = fill(&store, kind, size, s.replays);
+    let mut filled = fill(&store, kind, size, s.replays);
     let (records, redb, all) = disk(&store, dir.path());
     let (dirtied, wchar) = written_per(before, size);
     for (k, r) in filled.tenths.iter().enumerate() {
@@ -449,7 +484,7 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
             count((k + 1) * size / 10)
         );
     }
-    let ratio = filled.tenths[9] / filled.tenths[0];
+    let ratio = filled.ratio();
     println!(
         "  fill: {:.0} pairs/s; last tenth ÷ first: {ratio:.2}",
         filled.rate
@@ -471,7 +506,7 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
         latency(p99),
         lat.len()
     );
-    let replayed = replays(&store, filled.kept);
+    let replayed = replays(&store, std::mem::take(&mut filled.kept));
     let (r50, r99) = (percentile(&replayed, 0.5), percentile(&replayed, 0.99));
     println!(
         "  replay begin (1 thread, {} random keys of the fill): p50 {} p99 {}",
@@ -488,34 +523,22 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
     drop(store);
     Column {
         name: format!("{} {}", kind.name(), count(size)),
-        cells: vec![
-            ("records (steady: at the end)", records.to_string()),
-            ("fill pairs/s", rate(filled.rate)),
-            (
-                "fill pairs/s per tenth",
-                filled
-                    .tenths
-                    .iter()
-                    .map(|&r| rate(r))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
-            ("fill last tenth ÷ first", format!("{ratio:.2}")),
-            ("timed pairs/s, median (min–max)", spread(&rates)),
-            (
-                "pair p50 / p99",
-                format!("{} / {}", latency(p50), latency(p99)),
-            ),
-            (
-                "replay begin p50 / p99 (1 thread)",
-                format!("{} / {}", latency(r50), latency(r99)),
-            ),
-            ("redb file B/record", per(redb, records)),
-            ("directory B/record (log included)", per(all, records)),
-            (WRITE_BYTES, dirtied),
-            (WCHAR, wchar),
-            ("peak RSS", mib(rss)),
-        ],
+        cells: [("records (steady: at the end)", records.to_string())]
+            .into_iter()
+            .chain(filled.cells())
+            .chain([
+                ("timed pairs/s, median (min–max)", spread(&rates)),
+                (
+                    "pair p50 / p99",
+                    format!("{} / {}", latency(p50), latency(p99)),
+                ),
+                (
+                    "replay begin p50 / p99 (1 thread)",
+                    format!("{} / {}", latency(r50), latency(r99)),
+                ),
+            ])
+            .chain(footprint(redb, all, records, (dirtied, wchar), rss))
+            .collect(),
     }
 }
 
@@ -544,7 +567,7 @@ fn steady(live: u64, turnovers: u64, s: &Settings) -> Column {
     let store = open(dir.path(), Some(ttl), sweep);
     let rss_reset = s.rss_reset && reset_peak_rss();
     let filled = fill(&store, Kind::V4, live, 0);
-    let ratio = filled.tenths[9] / filled.tenths[0];
+    let ratio = filled.ratio();
     println!(
         "  fill to {}: {:.0} pairs/s, last tenth ÷ first {ratio:.2}",
         count(live),
@@ -599,39 +622,27 @@ fn steady(live: u64, turnovers: u64, s: &Settings) -> Column {
     drop(store);
     Column {
         name: format!("v4 steady {}", count(live)),
-        cells: vec![
-            ("records (steady: at the end)", at_end.to_string()),
-            ("fill pairs/s", rate(filled.rate)),
-            (
-                "fill pairs/s per tenth",
-                filled
-                    .tenths
-                    .iter()
-                    .map(|&r| rate(r))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
-            ("fill last tenth ÷ first", format!("{ratio:.2}")),
-            (
-                "timed pairs/s, median (min–max)",
-                format!("{} turnover windows", spread(&rates)),
-            ),
-            ("steady: turnover pairs/s overall", rate(overall)),
-            (
-                "steady: TTL, sweep interval",
-                format!("{:.1} s, {} ms", ttl.as_secs_f64(), interval.as_millis()),
-            ),
-            (
-                "steady: without eviction, median (min–max)",
-                spread(&without),
-            ),
-            ("steady: with eviction ÷ without", format!("{vs:.2}")),
-            ("redb file B/record", per(redb, records)),
-            ("directory B/record (log included)", per(all, records)),
-            (WRITE_BYTES, dirtied),
-            (WCHAR, wchar),
-            ("peak RSS", mib(rss)),
-        ],
+        cells: [("records (steady: at the end)", at_end.to_string())]
+            .into_iter()
+            .chain(filled.cells())
+            .chain([
+                (
+                    "timed pairs/s, median (min–max)",
+                    format!("{} turnover windows", spread(&rates)),
+                ),
+                ("steady: turnover pairs/s overall", rate(overall)),
+                (
+                    "steady: TTL, sweep interval",
+                    format!("{:.1} s, {} ms", ttl.as_secs_f64(), interval.as_millis()),
+                ),
+                (
+                    "steady: without eviction, median (min–max)",
+                    spread(&without),
+                ),
+                ("steady: with eviction ÷ without", format!("{vs:.2}")),
+            ])
+            .chain(footprint(redb, all, records, (dirtied, wchar), rss))
+            .collect(),
     }
 }
 
