@@ -146,10 +146,7 @@ pub(crate) fn extend(
     fence: u64,
     lease: Duration,
 ) -> Request<Result<Timestamp, Refusal>> {
-    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        claims::extend(tx, ctx, &scope, fence, lease, Extension::Exactly)
-    })
-    .counted(stale_if_refused)
+    lease_end(scope, fence, lease, Extension::Exactly).counted(stale_if_refused)
 }
 
 /// The keep-alive's renewal: the end of the lease of `fence`'s claim at least `lease` from
@@ -159,8 +156,18 @@ pub(crate) fn renew(
     fence: u64,
     lease: Duration,
 ) -> Request<Result<Timestamp, Refusal>> {
+    lease_end(scope, fence, lease, Extension::AtLeast)
+}
+
+/// `extend` and `renew`: the lease's new end, as `extension` says.
+fn lease_end(
+    scope: Scope,
+    fence: u64,
+    lease: Duration,
+    extension: Extension,
+) -> Request<Result<Timestamp, Refusal>> {
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        claims::extend(tx, ctx, &scope, fence, lease, Extension::AtLeast)
+        claims::extend(tx, ctx, &scope, fence, lease, extension)
     })
 }
 
