@@ -32,6 +32,8 @@ mod conformance;
 mod crash_matrix;
 mod damaged_file;
 mod dir_lock;
+#[cfg(unix)]
+mod format_fixture;
 #[cfg(feature = "testing")]
 mod epoch_faults;
 #[cfg(all(feature = "testing", feature = "tokio"))]
