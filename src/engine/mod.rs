@@ -49,7 +49,7 @@ pub(crate) use self::watchers::HoldToken;
 pub(crate) mod layout {
     pub(crate) use super::tables::layout::{
         EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
-        META_NEXT_FENCE, RECORDS, TOMBSTONES, index_key, split_index_key,
+        META_NEXT_FENCE, RECORDS, TOMBSTONES, format_supported, index_key, split_index_key,
     };
 }
 

@@ -47,12 +47,12 @@ pub enum OpenError {
     },
     /// The file was written by an incompatible version of idemstore.
     #[error(
-        "the store was written in format version {found}, this build reads version {supported}; open it with a matching idemstore"
+        "the store was written in format version {found}, this build reads versions 1 to {supported}; open it with the newer idemstore that wrote it"
     )]
     UnsupportedFormat {
         /// The version found in the file.
         found: u32,
-        /// The version this build reads and writes.
+        /// The newest version this build reads (and the one it writes).
         supported: u32,
     },
     /// The database file is damaged: redb found structures it cannot read while opening it

@@ -64,12 +64,12 @@ pub enum InspectError {
     },
     /// The store was written by a format this build does not read.
     #[error(
-        "the store is in format version {found}, this build reads version {supported}; use the matching idemstore"
+        "the store is in format version {found}, this build reads versions 1 to {supported}; use the newer idemstore that wrote it"
     )]
     UnsupportedFormat {
         /// The version found.
         found: u64,
-        /// The version this build reads.
+        /// The newest version this build reads.
         supported: u32,
     },
     /// The write-ahead log cannot be read back (damage in the middle, a missing segment, a

@@ -11,7 +11,7 @@ use redb::{
 };
 
 use crate::engine::layout::{
-    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
+    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, format_supported,
 };
 use crate::error::{Holder, RecoveryError};
 use crate::model::clock::{Clock, SystemClock, Timestamp};
@@ -141,7 +141,7 @@ impl Inspector {
             });
         }
         let format = meta_u64(&txn, &Overlay::new(), META_FORMAT, "format_version", &path)?;
-        if format != u64::from(FORMAT_VERSION) {
+        if !format_supported(format) {
             return Err(InspectError::UnsupportedFormat {
                 found: format,
                 supported: FORMAT_VERSION,

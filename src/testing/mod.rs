@@ -14,6 +14,7 @@ mod log_decode;
 pub mod outbox_conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod record_decode;
 #[cfg(feature = "tokio")]
 pub mod wait;
 mod workload;
@@ -23,6 +24,7 @@ pub use crash::{
     CaseReport, CrashCase, CrashOp, Fault, REOPENS, Violation, run_case, second_faults,
 };
 pub use log_decode::{build_segment, check_log_decode};
+pub use record_decode::{check_record_decode, sample_records};
 pub use workload::{Rng, workload};
 
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against

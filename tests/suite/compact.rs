@@ -27,7 +27,7 @@ fn compaction_after_eviction_gives_space_back_and_keeps_the_rest() -> TestResult
                 if i % 100 == 0 {
                     tx.insert(&ORDERS, format!("o{i}").as_str(), "kept")?;
                 }
-                Ok(Response::new(201, vec![b'x'; 8 * 1024]))
+                Ok(Response::new(201, common::incompressible(8 * 1024)))
             })?;
             // The last 15 complete later, so they outlive the others' TTL.
             if i == 1484 {

@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use idemstore::redb::{ReadableDatabase, ReadableTable};
 use idemstore::{Begin, Fingerprint, ManualClock, RecordState, Response, Scope, Store, Timestamp};
 
 use crate::common::{ORDERS, orders};
@@ -88,7 +89,10 @@ fn assert_fixture_answers(store: &Store) -> Result<(), Box<dyn std::error::Error
     );
     let body = String::from_utf8(response.body().to_vec())?;
     assert!(body.starts_with("{\"order\":\"ord_2\",\"lines\":[{\"sku\":\"sku-0\",\"qty\":0}"));
-    assert!(body.ends_with("{\"sku\":\"sku-59\",\"qty\":59}]}"), "{body}");
+    assert!(
+        body.ends_with("{\"sku\":\"sku-59\",\"qty\":59}]}"),
+        "{body}"
+    );
     assert!(matches!(
         store.begin(&done, fp("another request"))?,
         Begin::Mismatch { .. }
@@ -170,10 +174,82 @@ fn a_format_1_store_takes_new_writes_and_reopens() -> Result<(), Box<dyn std::er
     drop(store);
 
     let store = open(&path, &clock)?;
-    assert_eq!(replayed(&store, &new, "req-new").body(), &vec![b'x'; 4096][..]);
-    assert_eq!(replayed(&store, &running, "req-running").body(), b"recovered");
+    assert_eq!(
+        replayed(&store, &new, "req-new").body(),
+        &vec![b'x'; 4096][..]
+    );
+    assert_eq!(
+        replayed(&store, &running, "req-running").body(),
+        b"recovered"
+    );
     let taken = scope("acct_2", "charge", "k-taken");
     assert_eq!(replayed(&store, &taken, "req-taken").body(), b"charged");
     assert_eq!(orders(&store)?.len(), 4);
+    Ok(())
+}
+
+const META: idemstore::redb::TableDefinition<&[u8], &[u8]> =
+    idemstore::redb::TableDefinition::new("idemstore.meta");
+
+/// A table's entries as bytes.
+type Entries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Every entry of the store's records and meta tables, read with redb itself.
+fn store_entries(store_dir: &Path) -> Result<Entries, Box<dyn std::error::Error>> {
+    let db = idemstore::redb::Database::open(store_dir.join("idemstore.redb"))?;
+    let txn = db.begin_read()?;
+    let mut entries = Vec::new();
+    for name in ["idemstore.records", "idemstore.meta"] {
+        let table = txn.open_table(idemstore::redb::TableDefinition::<&[u8], &[u8]>::new(name))?;
+        for entry in table.iter()? {
+            let (k, v) = entry?;
+            entries.push((k.value().to_vec(), v.value().to_vec()));
+        }
+    }
+    Ok(entries)
+}
+
+fn format_of(store_dir: &Path) -> Result<u64, Box<dyn std::error::Error>> {
+    let db = idemstore::redb::Database::open(store_dir.join("idemstore.redb"))?;
+    let txn = db.begin_read()?;
+    let meta = txn.open_table(META)?;
+    let value = meta
+        .get(&b"format_version"[..])?
+        .ok_or("no format_version")?;
+    Ok(u64::from_le_bytes(value.value().try_into()?))
+}
+
+#[test]
+fn the_open_raises_the_format_and_a_newer_one_is_refused() -> Result<(), Box<dyn std::error::Error>>
+{
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("idem");
+    copy_fixture(&path)?;
+    assert_eq!(format_of(&path)?, 1, "the fixture is format 1");
+    let clock = ManualClock::new(Timestamp::from_millis(FIXTURE_NOW));
+    drop(open(&path, &clock)?);
+    assert_eq!(
+        format_of(&path)?,
+        2,
+        "a build that only reads 1 must now refuse it"
+    );
+
+    // A store from a build newer than this one: refused, and left as it was.
+    {
+        let db = idemstore::redb::Database::open(path.join("idemstore.redb"))?;
+        let txn = db.begin_write()?;
+        txn.open_table(META)?
+            .insert(&b"format_version"[..], &3u64.to_le_bytes()[..])?;
+        txn.commit()?;
+    }
+    let before = store_entries(&path)?;
+    match open(&path, &clock) {
+        Err(idemstore::OpenError::UnsupportedFormat { found, supported }) => {
+            assert_eq!((found, supported), (3, 2));
+        }
+        other => panic!("format 3 must be refused: {other:?}"),
+    }
+    assert_eq!(format_of(&path)?, 3);
+    assert!(before == store_entries(&path)?, "nothing changed");
     Ok(())
 }

@@ -32,12 +32,12 @@ mod conformance;
 mod crash_matrix;
 mod damaged_file;
 mod dir_lock;
-#[cfg(unix)]
-mod format_fixture;
 #[cfg(feature = "testing")]
 mod epoch_faults;
 #[cfg(all(feature = "testing", feature = "tokio"))]
 mod execute;
+#[cfg(unix)]
+mod format_fixture;
 mod group_isolation;
 #[cfg(feature = "http")]
 mod http_answers;

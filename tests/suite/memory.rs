@@ -29,7 +29,7 @@ fn fill_and_read(store: &Store, count: usize, body: usize) -> TestResult {
                             return Err(format!("{key}: {begun:?}"));
                         };
                         claim
-                            .commit(move |_| Ok(Response::new(201, vec![b'x'; body])))
+                            .commit(move |_| Ok(Response::new(201, common::incompressible(body))))
                             .map_err(|e| format!("{key}: {e}"))?;
                     }
                 })
@@ -103,7 +103,7 @@ fn the_budget_bounds_what_one_writer_group_holds() -> TestResult {
                 s.spawn(move || -> Result<(), String> {
                     barrier.wait();
                     claim
-                        .commit(move |_| Ok(Response::new(201, vec![b'x'; body])))
+                        .commit(move |_| Ok(Response::new(201, common::incompressible(body))))
                         .map_err(|e| format!("a commit: {e}"))?;
                     Ok(())
                 })

@@ -50,7 +50,7 @@ fn commit(store: &Store, key: &str, bytes: usize) -> TestResult {
     let Begin::Claimed(claim) = store.begin(&scope(key), fp("request"))? else {
         return Err("a new key is claimed".into());
     };
-    claim.commit(move |_| Ok(Response::new(201, vec![7; bytes])))?;
+    claim.commit(move |_| Ok(Response::new(201, common::incompressible(bytes))))?;
     Ok(())
 }
 

@@ -25,7 +25,7 @@ fn order(store: &Store, key: &str, size: usize) -> TestResult {
     let row = format!("order-{key}");
     claim.commit(move |tx| {
         tx.insert(&ORDERS, row.as_str(), "paid")?;
-        Ok(Response::new(201, vec![b'x'; size]))
+        Ok(Response::new(201, common::incompressible(size)))
     })?;
     Ok(())
 }
@@ -128,7 +128,7 @@ fn a_torn_frame_at_the_tail_is_dropped_and_reported() -> TestResult {
     let err = claim
         .commit(|tx| {
             tx.insert(&ORDERS, "torn-row", "x")?;
-            Ok(Response::new(201, vec![b'y'; 3000]))
+            Ok(Response::new(201, common::incompressible(3000)))
         })
         .err()
         .ok_or("a commit whose sync crashed succeeded")?;

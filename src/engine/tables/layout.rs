@@ -43,7 +43,19 @@ pub(crate) const META_LOG_CHECKPOINT: &[u8] = b"log_checkpoint";
 pub(crate) const META_LOG_SEGMENT: &[u8] = b"log_segment";
 
 /// The layout of records, indexes, meta and log this build writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+///
+/// 2: records in version 2 (varints, compressed bodies). A format-1 store is read as it is:
+/// its records keep version 1 until they are next written, and the open raises the store's
+/// version to 2, so a build that only knows 1 refuses it instead of misreading new records.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+
+/// The oldest format this build opens.
+pub(crate) const OLDEST_FORMAT: u32 = 1;
+
+/// Whether this build opens a store of format `found`.
+pub(crate) fn format_supported(found: u64) -> bool {
+    (u64::from(OLDEST_FORMAT)..=u64::from(FORMAT_VERSION)).contains(&found)
+}
 
 /// Ids of the store's own tables, fixed because they are registered first.
 #[derive(Debug, Clone, Copy)]

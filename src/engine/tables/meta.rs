@@ -12,6 +12,7 @@ use crate::error::OpenError;
 
 use super::layout::{
     FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, META_NEXT_FENCE,
+    format_supported,
 };
 use super::registry::Registry;
 use crate::wal::Checkpoint;
@@ -58,11 +59,16 @@ pub(crate) fn set_up(db: &Database, registry: &Registry, path: &Path) -> Result<
         put_u64(&mut meta, META_LOG_CHECKPOINT, 0)?;
     } else {
         let format = read(&txn, META_FORMAT, "format_version")?;
-        if format != u64::from(FORMAT_VERSION) {
+        if !format_supported(format) {
             return Err(OpenError::UnsupportedFormat {
                 found: u32::try_from(format).unwrap_or(u32::MAX),
                 supported: FORMAT_VERSION,
             });
+        }
+        if format < u64::from(FORMAT_VERSION) {
+            // Older records are read as they are; the mark keeps older builds out.
+            let mut meta = txn.open_table(META_TABLE).map_err(setup)?;
+            put_u64(&mut meta, META_FORMAT, u64::from(FORMAT_VERSION))?;
         }
     }
     txn.commit().map_err(setup)?;

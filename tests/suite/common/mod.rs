@@ -85,3 +85,17 @@ pub fn orders(store: &Store) -> Result<Vec<(String, String)>, Box<dyn std::error
 pub fn order_count(store: &Store) -> Result<u64, Box<dyn std::error::Error>> {
     Ok(store.read()?.open_table(ORDERS)?.len()?)
 }
+
+/// `len` bytes that LZ4 cannot shrink, for tests that need a response to take its size on
+/// disk and in the log (stored bodies of 256 bytes or more are compressed when that helps).
+pub fn incompressible(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64 ^ len as u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
