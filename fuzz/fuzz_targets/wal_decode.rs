@@ -6,7 +6,7 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use idemstore::testing::{build_segment, check_log_decode};
+use idemstore::testing::{build_segment, check_log_decode, damage};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -32,13 +32,7 @@ fuzz_target!(|input: Input| {
             truncate,
         } => {
             let mut bytes = build_segment(number, u64::from(first_seq), &frames);
-            for (at, mask) in flips {
-                let len = bytes.len();
-                bytes[usize::from(at) % len] ^= mask;
-            }
-            if let Some(len) = truncate {
-                bytes.truncate(usize::from(len));
-            }
+            damage(&mut bytes, &flips, truncate);
             bytes
         }
     };

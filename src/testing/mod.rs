@@ -9,6 +9,7 @@
 #[cfg(feature = "tokio")]
 pub mod conformance;
 mod crash;
+mod damage;
 mod log_decode;
 #[cfg(feature = "tokio")]
 pub mod outbox_conformance;
@@ -23,6 +24,7 @@ pub use crate::storage::sim_disk::{DiskCounters, FaultPlan, SecondFault, SimDisk
 pub use crash::{
     CaseReport, CrashCase, CrashOp, Fault, REOPENS, Violation, run_case, second_faults,
 };
+pub use damage::damage;
 pub use log_decode::{build_segment, check_log_decode};
 pub use record_decode::{check_record_decode, sample_records};
 pub use workload::{Rng, workload};
