@@ -21,7 +21,10 @@
 //! 4. replays: p50/p99 latency of a `begin` answering `Replay` for 10,000 keys picked at random
 //!    among the fill's, from one thread;
 //! 5. peak RSS (`VmHWM`), reset at the start of each phase (through `/proc/self/clear_refs`;
-//!    the output says if the kernel refused, in which case it is the process's peak so far).
+//!    the output says if the kernel refused, in which case it is the process's peak so far);
+//! 6. once the store is closed, what redb says it uses per record: bytes in allocated pages,
+//!    and bytes of keys and values in leaves (`WriteTransaction::stats`). The file's length
+//!    (step 2) moves in redb's large growth steps; these do not.
 //!
 //! Then the **steady state**, v4 keys: a probe store (sweep off) is filled to the live size
 //! to measure the fill rate, and the TTL set to live ÷ rate, so that about that many records
@@ -388,6 +391,19 @@ fn disk(store: &Store, dir: &Path) -> (u64, u64, u64) {
     (records(store), redb, dir_bytes(dir))
 }
 
+/// What redb itself says it uses, read from the closed store's file: bytes in allocated
+/// pages, and bytes of keys and values stored in leaves. The file's length is not a measure
+/// of the records: redb grows it in large steps (the same 1,074 B/record at 1M whatever the
+/// record size), and does not shrink it.
+fn redb_in_use(dir: &Path) -> (u64, u64) {
+    let db = idemstore::redb::Database::open(dir.join("idemstore.redb")).expect("reopen redb");
+    let txn = db.begin_write().expect("a redb write transaction");
+    let stats = txn.stats().expect("redb stats");
+    let page = stats.page_size() as u64;
+    txn.abort().expect("abort");
+    (stats.allocated_pages() * page, stats.stored_bytes())
+}
+
 fn temp_dir() -> tempfile::TempDir {
     match std::env::var_os("TRAFFIC_DIR") {
         Some(parent) => tempfile::tempdir_in(parent),
@@ -520,7 +536,14 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
         if rss_reset { "" } else { " (process so far)" },
         mib(rss)
     );
+    let at_end = crate::records(&store);
     drop(store);
+    let (allocated, stored) = redb_in_use(dir.path());
+    println!(
+        "  redb at the end ({at_end} records): {} B/record in allocated pages, {} B/record of stored key and value bytes",
+        per(allocated, at_end),
+        per(stored, at_end)
+    );
     Column {
         name: format!("{} {}", kind.name(), count(size)),
         cells: [("records (steady: at the end)", records.to_string())]
@@ -538,6 +561,16 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
                 ),
             ])
             .chain(footprint(redb, all, records, (dirtied, wchar), rss))
+            .chain([
+                (
+                    "redb allocated pages B/record (at the end)",
+                    per(allocated, at_end),
+                ),
+                (
+                    "redb stored key + value B/record (at the end)",
+                    per(stored, at_end),
+                ),
+            ])
             .collect(),
     }
 }
@@ -586,7 +619,7 @@ fn steady(live: u64, turnovers: u64, s: &Settings) -> Column {
     let pairs: u64 = windows.iter().map(|(_, d)| d).sum();
     let overall = pairs as f64 / elapsed;
     let rates: Vec<f64> = windows.iter().map(|(r, _)| *r).collect();
-    let at_end = records(&store);
+    let at_end = crate::records(&store);
     let (records, redb, all) = disk(&store, dir.path());
     let (dirtied, wchar) = written_per(before, pairs);
     let rss = peak_rss();
