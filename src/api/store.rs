@@ -238,7 +238,8 @@ impl Store {
 
     /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
     /// expiry index (never a scan of the records). Runs through the writer like any write.
-    /// In-progress records are never evicted.
+    /// In-progress records are never evicted. Unlike the background sweeper, it does not wait
+    /// the sweep grace ([`Builder::sweep_grace`](crate::Builder::sweep_grace)).
     ///
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.

@@ -26,6 +26,11 @@ impl Timestamp {
         Timestamp(self.0.saturating_add(duration_millis(d)))
     }
 
+    /// `self - d`, saturating at the epoch.
+    pub fn saturating_sub(self, d: Duration) -> Self {
+        Timestamp(self.0.saturating_sub(duration_millis(d)))
+    }
+
     /// How long from `earlier` to `self`; zero if `earlier` is later.
     pub fn saturating_since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

@@ -171,7 +171,8 @@ fn the_sweeper_evicts_on_its_own_and_stops_when_the_store_is_dropped() -> TestRe
     };
     let store = open()?;
     complete(&store, "k", 1_000)?;
-    clock.advance(TTL);
+    // Past the TTL and the sweeper's default grace (a quarter of the TTL).
+    clock.advance(TTL + TTL / 4);
     // The sweeper runs on its own schedule: poll for its effect, bounded.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while store.exact_stats()?.records > 0 {
@@ -207,7 +208,7 @@ fn dropping_the_last_handle_mid_sweep_closes_the_file_before_drop_returns() -> T
     for round in 0..10 {
         let store = open()?;
         complete(&store, &format!("r{round}-"), 400)?;
-        clock.advance(TTL);
+        clock.advance(TTL + TTL / 4);
         // Wait (bounded) until the sweeper is at work, then drop the last handle mid-tick.
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while store.stats()?.evicted == 0 {
@@ -220,5 +221,140 @@ fn dropping_the_last_handle_mid_sweep_closes_the_file_before_drop_returns() -> T
         drop(store);
         open().map_err(|e| format!("round {round}: reopening right after the drop: {e}"))?;
     }
+    Ok(())
+}
+
+/// A key's hex name from a small generator: keys in no order, as users send them.
+fn random_key(stream: u64, i: u64) -> String {
+    let mut z = (stream << 32 | i).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    format!("{:016x}", z ^ (z >> 31))
+}
+
+/// A key claimed for the first time removes the records that are gone among the few stored
+/// after it, in its own transaction; in-progress work beside it stays, and `evict_expired`
+/// finds exactly the rest. Every removal is counted once, and survives a crash (it is in the
+/// claim's log frame).
+#[test]
+fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() -> TestResult {
+    const OLD: u64 = 3_000;
+    const NEW: u64 = 300;
+    let disk = SimDisk::new();
+    let clock = clock();
+    let store = builder(&clock).open_simulated(&disk)?;
+    for i in 0..OLD {
+        let Begin::Claimed(claim) = store.begin(&scope(&random_key(1, i)), fp("req"))? else {
+            return Err("expected Claimed".into());
+        };
+        // Every tenth is abandoned (dropped unfinished): in progress, its lease long gone,
+        // never to be removed.
+        if i % 10 == 0 {
+            drop(claim);
+        } else {
+            claim.commit(|_| Ok(Response::new(200, vec![1; 16])))?;
+        }
+    }
+    let abandoned = OLD / 10;
+    let before = store.stats()?.evicted;
+    // A claim made before anything is gone reads nothing beside it and removes nothing.
+    let Begin::Claimed(claim) = store.begin(&scope("early"), fp("req"))? else {
+        return Err("expected Claimed".into());
+    };
+    claim.commit(|_| Ok(Response::new(200, vec![])))?;
+    assert_eq!(store.exact_stats()?.records, OLD + 1);
+
+    clock.advance(TTL + Duration::from_millis(1));
+    for i in 0..NEW {
+        let Begin::Claimed(claim) = store.begin(&scope(&random_key(2, i)), fp("req"))? else {
+            return Err("a new key must be claimed".into());
+        };
+        claim.commit(|_| Ok(Response::new(200, vec![2; 16])))?;
+    }
+    let stats = store.exact_stats()?;
+    let beside = OLD + 1 + NEW - stats.records;
+    // Each claim looks at eight records, of which about nine in ten are gone.
+    assert!(
+        beside > NEW && beside <= NEW * 8,
+        "{beside} removed beside {NEW} new keys"
+    );
+    assert_eq!(store.stats()?.evicted - before, beside, "counted once each");
+    assert_eq!(
+        stats.in_progress, abandoned,
+        "in-progress work is never removed"
+    );
+    assert_eq!(stats.completed, OLD + 1 - abandoned + NEW - beside);
+
+    // Power lost now: what the claims removed is in their log frames, and replays.
+    let image = disk.crash_image(idemstore::testing::Tear::Drop);
+    drop(store);
+    let store = builder(&clock).open_simulated(&image)?;
+    let counts = |s: &idemstore::Stats| (s.records, s.in_progress, s.completed, s.tombstones);
+    assert_eq!(
+        counts(&store.exact_stats()?),
+        counts(&stats),
+        "the removals were logged with the claims"
+    );
+    let mut rest = 0;
+    loop {
+        let evicted = store.evict_expired(1_000)?;
+        rest += evicted.removed as u64;
+        if evicted.backlog == Backlog::Empty {
+            break;
+        }
+    }
+    assert_eq!(
+        rest + beside,
+        OLD + 1 - abandoned,
+        "every gone record removed exactly once"
+    );
+    let left = store.exact_stats()?;
+    assert_eq!((left.in_progress, left.completed), (abandoned, NEW));
+    for i in 0..NEW {
+        assert!(matches!(
+            store.begin(&scope(&random_key(2, i)), fp("req"))?,
+            Begin::Replay(_)
+        ));
+    }
+    Ok(())
+}
+
+/// A tombstone whose time ran out goes beside a new key like a record does, and is counted as
+/// a tombstone removed, not as a record evicted.
+#[test]
+fn tombstones_that_ran_out_go_beside_new_keys_and_count_as_tombstones() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let store = builder(&clock)
+        .tombstone_ttl(TTL)
+        .open(dir.path().join("idem"))?;
+    for i in 0..500 {
+        let Begin::Claimed(claim) = store.begin(&scope(&random_key(3, i)), fp("req"))? else {
+            return Err("expected Claimed".into());
+        };
+        claim.commit(|_| Ok(Response::new(200, vec![])))?;
+    }
+    clock.advance(TTL);
+    let turned = store.evict_expired(1_000)?;
+    assert_eq!(
+        (turned.removed, store.exact_stats()?.tombstones),
+        (500, 500)
+    );
+    let before = store.stats()?;
+    clock.advance(TTL);
+    for i in 0..50 {
+        let Begin::Claimed(claim) = store.begin(&scope(&random_key(4, i)), fp("req"))? else {
+            return Err("a new key must be claimed".into());
+        };
+        claim.commit(|_| Ok(Response::new(200, vec![])))?;
+    }
+    let after = store.stats()?;
+    let beside = 500 - store.exact_stats()?.tombstones;
+    assert!(
+        beside > 200,
+        "{beside} tombstones removed beside 50 new keys (about 8 each)"
+    );
+    assert_eq!(after.tombstones_removed - before.tombstones_removed, beside);
+    assert_eq!(after.evicted, before.evicted, "no record was evicted");
     Ok(())
 }

@@ -18,6 +18,7 @@ use crate::model::response::Response;
 use crate::model::scope::Scope;
 
 use super::answers::{CommitRefusal, Held, Refusal, UserFailure, UserWork};
+use super::evict::evict_beside;
 use super::outbox;
 use super::records::{read_record, write_record};
 use crate::engine::poison::panic_message;
@@ -45,6 +46,7 @@ pub(crate) fn begin(
         granted.previous.as_ref(),
         Some(&granted.record),
     );
+    evict_beside_new(tx, ctx, scope, granted.previous.as_ref());
     let held = Held::of(
         &granted.record,
         ctx.now,
@@ -83,7 +85,21 @@ pub(crate) fn execute(
     }
     let done = decision::completed(&granted.record, response.clone(), ctx.now, ctx.config.ttl);
     write_record(tx, ctx, scope, granted.previous.as_ref(), Some(&done));
+    evict_beside_new(tx, ctx, scope, granted.previous.as_ref());
     (Keep::Writes, Ok(granted.kind.answer(response)))
+}
+
+/// A key stored for the first time takes a page of the records table that may hold records
+/// that are gone: remove them with it (see [`evict_beside`]).
+fn evict_beside_new(
+    tx: &mut Tx<'_>,
+    ctx: &mut Context<'_>,
+    scope: &Scope,
+    previous: Option<&Record>,
+) {
+    if previous.is_none() {
+        evict_beside(tx, ctx, scope.encode());
+    }
 }
 
 /// A claim the writer decided to grant, not yet written.

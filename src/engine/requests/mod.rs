@@ -12,6 +12,8 @@ pub(super) mod outbox;
 mod queue;
 mod records;
 
+pub(in crate::engine) use self::evict::Reach;
+
 use std::time::{Duration, Instant};
 
 use crate::error::{ExecuteError, StoreError};
@@ -191,9 +193,12 @@ pub(crate) fn write<T: Send + 'static>(work: UserWork<T>) -> Request<Result<T, U
     Request::new(move |tx: &mut Tx<'_>, _ctx: &mut Context<'_>| claims::write(tx, work))
 }
 
-/// Up to `limit` expired records evicted through the expiry and tombstone indexes.
-pub(in crate::engine) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
-    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| evict::evict_expired(tx, ctx, limit))
+/// Up to `limit` expired records evicted through the expiry and tombstone indexes: those due
+/// now, or only those past the sweep grace.
+pub(in crate::engine) fn evict(limit: usize, reach: Reach) -> Request<Result<Evicted, StoreError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
+        evict::evict_expired(tx, ctx, limit, reach)
+    })
 }
 
 /// Everything acknowledged made durable in redb itself (a checkpoint of the log).

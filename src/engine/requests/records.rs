@@ -32,16 +32,25 @@ pub(super) fn write_record(
     old: Option<&Record>,
     new: Option<&Record>,
 ) {
+    write_record_bytes(tx, ctx, scope.encode(), old, new);
+}
+
+/// [`write_record`] for a scope as it is stored (its encoded bytes).
+pub(super) fn write_record_bytes(
+    tx: &mut Tx<'_>,
+    ctx: &Context<'_>,
+    scope: &[u8],
+    old: Option<&Record>,
+    new: Option<&Record>,
+) {
     let entry = |record: &Record| match &record.state {
         RecordState::InProgress { lease_until, .. } => {
-            (ctx.tables.leases, index_key(*lease_until, scope.encode()))
+            (ctx.tables.leases, index_key(*lease_until, scope))
         }
         RecordState::Completed { expires_at, .. } => {
-            (ctx.tables.expiry, index_key(*expires_at, scope.encode()))
+            (ctx.tables.expiry, index_key(*expires_at, scope))
         }
-        RecordState::Tombstone { until, .. } => {
-            (ctx.tables.tombstones, index_key(*until, scope.encode()))
-        }
+        RecordState::Tombstone { until, .. } => (ctx.tables.tombstones, index_key(*until, scope)),
     };
     let old_entry = old.map(entry);
     let new_entry = new.map(entry);
@@ -54,8 +63,8 @@ pub(super) fn write_record(
         }
     }
     match new {
-        Some(record) => tx.put_raw(ctx.tables.records, scope.encode(), record.encode()),
-        None => tx.delete_raw(ctx.tables.records, scope.encode()),
+        Some(record) => tx.put_raw(ctx.tables.records, scope, record.encode()),
+        None => tx.delete_raw(ctx.tables.records, scope),
     }
 }
 

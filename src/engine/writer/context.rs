@@ -5,6 +5,7 @@ use crate::engine::tables::tx::Tx;
 use crate::model::clock::Timestamp;
 use crate::model::config::Config;
 use crate::model::pace::Pace;
+use crate::model::record::RecordState;
 
 use std::sync::Arc;
 
@@ -25,6 +26,9 @@ pub(crate) struct Context<'a> {
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
     needs: Needs,
+    /// Records and tombstones this request removed beside a key it claimed, for the eviction
+    /// counters.
+    evicted_beside: (u64, u64),
 }
 
 /// What must have happened before a request is answered. Ordered: each includes the ones
@@ -59,6 +63,7 @@ impl<'a> Context<'a> {
             watchers,
             next_fence,
             needs: Needs::Durable,
+            evicted_beside: (0, 0),
         }
     }
 
@@ -69,6 +74,22 @@ impl<'a> Context<'a> {
 
     pub(crate) fn needs(&self) -> Needs {
         self.needs
+    }
+
+    /// Counts a record removed beside a new key, by the state it was stored in (the writer
+    /// counts them only if the request's writes are kept).
+    pub(crate) fn count_evicted_beside(&mut self, removed: &RecordState) {
+        match removed {
+            RecordState::Tombstone { .. } => self.evicted_beside.1 += 1,
+            RecordState::InProgress { .. } | RecordState::Completed { .. } => {
+                self.evicted_beside.0 += 1;
+            }
+        }
+    }
+
+    /// Records and tombstones counted by [`Context::count_evicted_beside`].
+    pub(crate) fn evicted_beside(&self) -> (u64, u64) {
+        self.evicted_beside
     }
 
     /// Hands out a fence that was never handed out before, and records the counter in the

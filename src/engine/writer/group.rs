@@ -82,6 +82,10 @@ impl Writer {
         );
         let keep = job.run(&mut tx, &mut ctx);
         *needs = (*needs).max(ctx.needs());
+        let (records, tombstones) = ctx.evicted_beside();
+        if keep == Keep::Writes && records + tombstones > 0 {
+            self.shared.counters.evicted(records, tombstones);
+        }
         drop(tx);
         (keep, writes)
     }
