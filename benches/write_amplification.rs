@@ -10,12 +10,21 @@
 //! the zeros written once when a new segment file is preallocated (8 MiB each, until enough
 //! segments exist to be reused between checkpoints), so it overstates the steady state for
 //! short runs. "redb file writes" includes the final checkpoint at close.
+//!
+//! Then **eviction**: random keys (the keys users send) at a steady rate on a manual clock, 16
+//! clients, a TTL of 100 simulated seconds, one sweeper pass per simulated second (as the
+//! background sweeper would run it, [`sweep_pass`]). One TTL fills the store, two more turn it
+//! over. Printed per sweep grace (none, and the default quarter of the TTL): redb bytes per
+//! pair while filling and while turning over, and the records held at the end against the
+//! TTL's worth. `EVICT_RATE` sets pairs per simulated second (default 500: 50,000 live).
 
 mod common;
 
 use common::ORDERS;
-use idemstore::testing::SimDisk;
-use idemstore::{Durability, Store};
+use std::time::Duration;
+
+use idemstore::testing::{SimDisk, sweep_pass};
+use idemstore::{Backlog, Durability, ManualClock, Store, Sweep, Timestamp};
 
 fn pairs(store: &Store, threads: u64, count: u64) {
     common::pairs_from_threads(store, threads, count, |i| format!("key-{i:010}"));
@@ -30,6 +39,12 @@ fn main() {
         "| mode | clients | log frames, bytes/pair | log file writes, bytes/pair | redb file writes, bytes/pair | syncs/pair | groups/pair |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- |");
+    modes(count);
+    let rate = std::env::var("EVICT_RATE").map_or(500, |v| v.parse().expect("EVICT_RATE"));
+    eviction(rate);
+}
+
+fn modes(count: u64) {
     for durability in [Durability::Wal, Durability::Redb] {
         for threads in [1, 64] {
             let disk = SimDisk::new();
@@ -57,5 +72,82 @@ fn main() {
                 per(stats.groups_committed)
             );
         }
+    }
+}
+
+/// A random 32-hex-digit key for pair `i` (splitmix64 twice): no two pairs share one.
+fn random_key(i: u64) -> String {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    format!("{:016x}{:016x}", mix(i), mix(!i))
+}
+
+fn eviction(rate: u64) {
+    const TTL_S: u64 = 100;
+    println!(
+        "\n## eviction, random keys, {rate} pairs per simulated second, TTL {TTL_S} s ({} live)\n",
+        rate * TTL_S
+    );
+    println!(
+        "| eviction | fill, redb bytes/pair | turnover, redb bytes/pair | turnover, log bytes/pair | records at the end | removed by the sweeper | removed beside new keys |"
+    );
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    let none = (
+        "none (TTL longer than the run)",
+        Duration::from_secs(1_000 * TTL_S),
+        Duration::ZERO,
+    );
+    let ttl = Duration::from_secs(TTL_S);
+    let runs = [
+        none,
+        ("sweep grace 0", ttl, Duration::ZERO),
+        ("sweep grace TTL/4 (default)", ttl, ttl / 4),
+    ];
+    for (name, ttl, grace) in runs {
+        let disk = SimDisk::new();
+        let clock = ManualClock::new(Timestamp::from_millis(1_764_000_000_000));
+        let store = Store::builder()
+            .clock(clock.clone())
+            .ttl(ttl)
+            .sweep(Sweep::Off)
+            .sweep_grace(grace)
+            .table(ORDERS)
+            .open_simulated(&disk)
+            .expect("open");
+        let mut filled = None;
+        let mut swept = 0;
+        for second in 0..3 * TTL_S {
+            if second == TTL_S {
+                filled = Some(disk.counters());
+            }
+            let first = second * rate;
+            common::pairs_from_threads(&store, 16, rate, |i| random_key(first + i));
+            clock.advance(Duration::from_secs(1));
+            loop {
+                let pass = sweep_pass(&store, 1_000).expect("sweep");
+                swept += pass.removed as u64;
+                if pass.backlog == Backlog::Empty {
+                    break;
+                }
+            }
+        }
+        store.checkpoint().expect("checkpoint");
+        let end = disk.counters();
+        let filled = filled.expect("the fill ended");
+        let turnover = 2 * TTL_S * rate;
+        let records = store.exact_stats().expect("stats").records;
+        let evicted = store.stats().expect("stats").evicted;
+        println!(
+            "| {name} | {} | {} | {} | {records} ({:.2} of the TTL's worth) | {swept} | {} |",
+            filled.db_bytes / (TTL_S * rate),
+            (end.db_bytes - filled.db_bytes) / turnover,
+            (end.log_bytes - filled.log_bytes) / turnover,
+            records as f64 / (TTL_S * rate) as f64,
+            evicted - swept
+        );
     }
 }
