@@ -56,7 +56,15 @@ pub(crate) fn evict_expired(
 /// Nothing here fails the claim: a record it cannot read is skipped, and the sweeper, which
 /// reads the same records, reports it.
 pub(crate) fn evict_beside(tx: &mut Tx<'_>, ctx: &mut Context<'_>, key: &[u8]) {
-    if !any_gone(tx, ctx) {
+    let gone_from = match ctx.gone_from() {
+        Some(at) => at,
+        None => {
+            let at = first_gone(tx, ctx);
+            ctx.set_gone_from(at);
+            at
+        }
+    };
+    if ctx.now < gone_from {
         return;
     }
     let Ok(next) = tx.range_raw(
@@ -78,21 +86,25 @@ pub(crate) fn evict_beside(tx: &mut Tx<'_>, ctx: &mut Context<'_>, key: &[u8]) {
     }
 }
 
-/// Whether any record may be gone: the oldest expiry (or tombstone) is past. While a store
-/// fills, none is, and a claim reads nothing more.
-fn any_gone(tx: &Tx<'_>, ctx: &Context<'_>) -> bool {
-    let gone_by = [
-        (
-            ctx.tables.expiry,
-            ctx.now.saturating_sub(ctx.config.tombstone_ttl),
-        ),
-        (ctx.tables.tombstones, ctx.now),
-    ];
-    gone_by.into_iter().any(|(index, at)| {
-        let end = index_bound_after(at);
-        tx.range_raw(index, Bound::Unbounded, Bound::Excluded(&end), 1)
-            .is_ok_and(|due| !due.is_empty())
-    })
+/// The earliest time a stored record is gone: the oldest expiry entry plus the tombstone
+/// time, or the oldest tombstone's end, whichever is first. While a store fills, that is a
+/// TTL ahead, and claims read nothing more. An index that cannot be read gives "now", so the
+/// records beside are read and the failure, if it lasts, is the sweeper's to report.
+fn first_gone(tx: &Tx<'_>, ctx: &Context<'_>) -> Timestamp {
+    let oldest = |index| match tx.range_raw(index, Bound::Unbounded, Bound::Unbounded, 1) {
+        Ok(first) => first
+            .first()
+            .and_then(|(key, _)| split_index_key(key))
+            .map(|(at, _)| at),
+        Err(_) => Some(ctx.now),
+    };
+    let expiry = oldest(ctx.tables.expiry).map(|at| at.saturating_add(ctx.config.tombstone_ttl));
+    let tombstone = oldest(ctx.tables.tombstones);
+    expiry
+        .into_iter()
+        .chain(tombstone)
+        .min()
+        .unwrap_or(Timestamp::from_millis(u64::MAX))
 }
 
 fn evict(

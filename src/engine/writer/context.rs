@@ -25,6 +25,8 @@ pub(crate) struct Context<'a> {
     pub(crate) watchers: &'a Arc<Watchers>,
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
+    /// The writer's hint of when a record may first be gone (see [`Context::gone_from`]).
+    gone_from: &'a mut Option<Timestamp>,
     needs: Needs,
     /// Records and tombstones this request removed beside a key it claimed, for the eviction
     /// counters.
@@ -54,6 +56,7 @@ impl<'a> Context<'a> {
         tables: InternalTables,
         watchers: &'a Arc<Watchers>,
         next_fence: &'a mut u64,
+        gone_from: &'a mut Option<Timestamp>,
     ) -> Self {
         Context {
             now,
@@ -62,6 +65,7 @@ impl<'a> Context<'a> {
             tables,
             watchers,
             next_fence,
+            gone_from,
             needs: Needs::Durable,
             evicted_beside: (0, 0),
         }
@@ -85,6 +89,18 @@ impl<'a> Context<'a> {
                 self.evicted_beside.0 += 1;
             }
         }
+    }
+
+    /// The earliest time a stored record may be gone, if this epoch has read it already: a
+    /// claim then looks beside its key only from that time on. It is read once per epoch
+    /// (the writer resets it), so a record that goes during the epoch is only found from the
+    /// next one; a hint, whose only cost when wrong is a removal left to the sweeper.
+    pub(crate) fn gone_from(&self) -> Option<Timestamp> {
+        *self.gone_from
+    }
+
+    pub(crate) fn set_gone_from(&mut self, at: Timestamp) {
+        *self.gone_from = Some(at);
     }
 
     /// Records and tombstones counted by [`Context::count_evicted_beside`].

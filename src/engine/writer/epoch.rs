@@ -70,6 +70,7 @@ impl Writer {
             }
         };
         let mut epoch = Epoch::new();
+        self.gone_from = None;
         self.run_groups(&txn, group, &mut epoch);
         self.publish(txn, epoch);
     }

@@ -79,6 +79,7 @@ impl Writer {
             self.shared.tables,
             &self.shared.watchers,
             &mut self.next_fence,
+            &mut self.gone_from,
         );
         let keep = job.run(&mut tx, &mut ctx);
         *needs = (*needs).max(ctx.needs());
