@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 use std::time::Duration;
 
+use crate::model::hex::push_hex;
 use crate::{Scope, Timestamp};
 
 /// Text for people or JSON for scripts.
@@ -123,9 +124,7 @@ pub(crate) fn text_or_hex(bytes: &[u8]) -> String {
 pub(crate) fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(2 + bytes.len() * 2);
     out.push_str("0x");
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
-    }
+    push_hex(&mut out, bytes);
     out
 }
 

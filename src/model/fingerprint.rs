@@ -4,6 +4,7 @@
 //! This module owns the canonical encoding and the hash. It must never depend on anything that
 //! varies between runs (hash-map order, addresses, time).
 
+use crate::model::hex::hex;
 use crate::model::limits::FINGERPRINT_LEN;
 use std::fmt;
 
@@ -85,9 +86,7 @@ impl fmt::Debug for Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in &self.0[..8] {
-            write!(f, "{b:02x}")?;
-        }
+        f.write_str(&hex(&self.0[..8]))?;
         f.write_str("…")
     }
 }

@@ -10,6 +10,7 @@ pub(crate) mod config;
 pub(crate) mod decision;
 pub(crate) mod execution;
 pub(crate) mod fingerprint;
+pub(crate) mod hex;
 pub(crate) mod invalid;
 pub mod limits;
 pub(crate) mod maintenance;

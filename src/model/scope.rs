@@ -3,6 +3,7 @@
 //! This module owns validation and the byte encoding used as the records table's key. It must
 //! never accept a part that could make two different scopes encode to the same bytes.
 
+use crate::model::hex::hex;
 use crate::model::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
 use std::fmt;
 
@@ -59,11 +60,7 @@ impl Scope {
         let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
         hasher.update(self.encode());
         hasher.update(&origin_fence.to_le_bytes());
-        let hash = hasher.finalize();
-        hash.as_bytes()[..16]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        hex(&hasher.finalize().as_bytes()[..16])
     }
 
     /// Validates the three parts and builds a scope.

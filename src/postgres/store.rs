@@ -20,6 +20,7 @@ use crate::model::begin::Begin;
 use crate::model::config::Sweep;
 use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
+use crate::model::hex::hex;
 use crate::model::limits::Limits;
 use crate::model::maintenance::{Abandoned, Backlog, Evicted};
 use crate::model::outcomes::Outcomes;
@@ -181,7 +182,7 @@ impl PgStore {
 
     /// The payload of the notification sent when `scope` completes or is released.
     pub(crate) fn payload(scope: &Scope) -> String {
-        scope.encode().iter().map(|b| format!("{b:02x}")).collect()
+        hex(scope.encode())
     }
 
     /// One `begin`: the claiming upsert; if it wrote nothing, the read that answers.

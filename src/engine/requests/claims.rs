@@ -70,7 +70,7 @@ pub(crate) fn execute(
         Ok(Err(answer)) => return (Keep::Nothing, Ok(answer)),
         Err(e) => return (Keep::Nothing, Err(e.into())),
     };
-    tx.allow_publish(scope.downstream_key(granted.record.origin_fence));
+    tx.allow_publish(scope, granted.record.origin_fence);
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(UserFailure::Aborted(e)) => return (Keep::Nothing, Err(ExecuteError::Aborted(e))),
@@ -193,7 +193,7 @@ pub(crate) fn commit(
         Ok(held) => held,
         Err(refusal) => return (Keep::Nothing, Err(CommitRefusal::Refused(refusal))),
     };
-    tx.allow_publish(scope.downstream_key(held.origin_fence));
+    tx.allow_publish(scope, held.origin_fence);
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(failure) => return (Keep::Nothing, Err(CommitRefusal::User(failure))),

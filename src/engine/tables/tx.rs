@@ -14,6 +14,7 @@ use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 use crate::error::TxError;
 use crate::model::limits::MAX_REQUEST_BYTES;
 use crate::model::message::{MessageError, Published};
+use crate::model::scope::Scope;
 
 use super::open_tables::OpenTables;
 use super::registry::{RawEntries, Registry, TableId};
@@ -61,16 +62,25 @@ pub struct Tx<'g> {
     open: &'g OpenTables<'g>,
     registry: &'g Registry,
     writes: &'g mut WriteSet,
-    /// Messages published by this request, and the stable id prefix they get (a commit's
-    /// downstream key; `None` outside a commit, where publishing is refused).
+    /// Messages published by this request, and the claim whose downstream key prefixes
+    /// their ids (`None` outside a commit, where publishing is refused).
     outbox: Outbox,
 }
 
 /// The messages a request publishes, recorded in the outbox if it succeeds.
 #[derive(Debug, Default)]
 pub(crate) struct Outbox {
-    pub(crate) id_prefix: Option<String>,
-    pub(crate) messages: Published,
+    claim: Option<Publisher>,
+    messages: Published,
+}
+
+/// The claim a commit publishes for. Its downstream key is derived when the first message is
+/// published: a hash and 32 hex digits that most commits, publishing nothing, never need.
+#[derive(Debug)]
+struct Publisher {
+    scope: Scope,
+    origin_fence: u64,
+    id_prefix: Option<String>,
 }
 
 impl fmt::Debug for Tx<'_> {
@@ -113,15 +123,23 @@ impl<'g> Tx<'g> {
         subject: &str,
         payload: impl Into<Vec<u8>>,
     ) -> Result<String, MessageError> {
-        let Some(prefix) = &self.outbox.id_prefix else {
+        let Some(claim) = &mut self.outbox.claim else {
             return Err(MessageError::NotInCommit);
         };
+        let prefix = claim
+            .id_prefix
+            .get_or_insert_with(|| claim.scope.downstream_key(claim.origin_fence));
         self.outbox.messages.add(prefix, subject, payload.into())
     }
 
-    /// Lets the request publish, its messages' ids starting with `id_prefix`.
-    pub(crate) fn allow_publish(&mut self, id_prefix: String) {
-        self.outbox.id_prefix = Some(id_prefix);
+    /// Lets the request publish, its messages' ids starting with the downstream key of the
+    /// claim on `scope` first granted with `origin_fence`.
+    pub(crate) fn allow_publish(&mut self, scope: &Scope, origin_fence: u64) {
+        self.outbox.claim = Some(Publisher {
+            scope: scope.clone(),
+            origin_fence,
+            id_prefix: None,
+        });
     }
 
     /// The messages published, to record once the request has succeeded.
