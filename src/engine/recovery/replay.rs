@@ -96,7 +96,8 @@ fn apply_ops(
         let mut run_ops = rest[..run].iter().map(|op| (op.key, op.value));
         registry
             .table(id)
-            .apply(txn, &mut run_ops)
+            .open(txn)
+            .and_then(|mut table| table.apply(&mut run_ops))
             .map_err(ApplyError::Redb)?;
         rest = &rest[run..];
     }

@@ -11,7 +11,9 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::ops::Bound;
 
-use redb::{Key, ReadableTable, ReadableTableMetadata, TableDefinition, Value, WriteTransaction};
+use redb::{
+    Key, ReadableTable, ReadableTableMetadata, Table, TableDefinition, Value, WriteTransaction,
+};
 
 use crate::error::{BadTableReason, TxError};
 
@@ -36,23 +38,27 @@ pub(crate) trait TableOps: Send + Sync + fmt::Debug {
     fn type_ids(&self) -> (TypeId, TypeId);
     /// Creates the table if it does not exist (fails if it exists with other types).
     fn create(&self, txn: &WriteTransaction) -> Result<(), redb::Error>;
-    fn get(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error>;
+    /// The table, opened in `txn`: redb lets a transaction hold a table open once at a time.
+    fn open<'txn>(
+        &self,
+        txn: &'txn WriteTransaction,
+    ) -> Result<Box<dyn OpenTable + 'txn>, redb::Error>;
+    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
+    fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error>;
+}
+
+/// What the engine can do with a table open in a write transaction, as bytes.
+pub(crate) trait OpenTable {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error>;
     /// Entries with keys in `(start, end)`, in key order, at most `limit`.
     fn range(
         &self,
-        txn: &WriteTransaction,
         start: Bound<&[u8]>,
         end: Bound<&[u8]>,
         limit: usize,
     ) -> Result<RawEntries, redb::Error>;
-    fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
-    fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error>;
-    /// Applies puts (`Some(value)`) and deletes (`None`), all for this table, in order.
-    fn apply(
-        &self,
-        txn: &WriteTransaction,
-        ops: &mut dyn Iterator<Item = RawOp<'_>>,
-    ) -> Result<(), redb::Error>;
+    /// Applies puts (`Some(value)`) and deletes (`None`), in order.
+    fn apply(&mut self, ops: &mut dyn Iterator<Item = RawOp<'_>>) -> Result<(), redb::Error>;
 }
 
 /// A put (`Some(value)`) or delete (`None`) of one key, borrowed from a write set or a log
@@ -99,30 +105,11 @@ impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
         Ok(())
     }
 
-    fn get(&self, txn: &WriteTransaction, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error> {
-        let table = txn.open_table(self.definition())?;
-        let found = table.get(K::from_bytes(key))?;
-        Ok(found.map(|guard| V::as_bytes(&guard.value()).as_ref().to_vec()))
-    }
-
-    fn range(
+    fn open<'txn>(
         &self,
-        txn: &WriteTransaction,
-        start: Bound<&[u8]>,
-        end: Bound<&[u8]>,
-        limit: usize,
-    ) -> Result<RawEntries, redb::Error> {
-        let table = txn.open_table(self.definition())?;
-        let bounds = (start.map(K::from_bytes), end.map(K::from_bytes));
-        let mut out = Vec::new();
-        for entry in table.range::<K::SelfType<'_>>(bounds)?.take(limit) {
-            let (k, v) = entry?;
-            out.push((
-                K::as_bytes(&k.value()).as_ref().to_vec(),
-                V::as_bytes(&v.value()).as_ref().to_vec(),
-            ));
-        }
-        Ok(out)
+        txn: &'txn WriteTransaction,
+    ) -> Result<Box<dyn OpenTable + 'txn>, redb::Error> {
+        Ok(Box::new(Opened(txn.open_table(self.definition())?)))
     }
 
     fn compare(&self, a: &[u8], b: &[u8]) -> Ordering {
@@ -132,20 +119,43 @@ impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
     fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error> {
         Ok(txn.open_table(self.definition())?.len()?)
     }
+}
 
-    fn apply(
+/// A registered table open in a write transaction, with its types.
+struct Opened<'txn, K: Key + 'static, V: Value + 'static>(Table<'txn, K, V>);
+
+impl<K: Key + 'static, V: Value + 'static> OpenTable for Opened<'_, K, V> {
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error> {
+        let found = self.0.get(K::from_bytes(key))?;
+        Ok(found.map(|guard| V::as_bytes(&guard.value()).as_ref().to_vec()))
+    }
+
+    fn range(
         &self,
-        txn: &WriteTransaction,
-        ops: &mut dyn Iterator<Item = RawOp<'_>>,
-    ) -> Result<(), redb::Error> {
-        let mut table = txn.open_table(self.definition())?;
+        start: Bound<&[u8]>,
+        end: Bound<&[u8]>,
+        limit: usize,
+    ) -> Result<RawEntries, redb::Error> {
+        let bounds = (start.map(K::from_bytes), end.map(K::from_bytes));
+        let mut out = Vec::new();
+        for entry in self.0.range::<K::SelfType<'_>>(bounds)?.take(limit) {
+            let (k, v) = entry?;
+            out.push((
+                K::as_bytes(&k.value()).as_ref().to_vec(),
+                V::as_bytes(&v.value()).as_ref().to_vec(),
+            ));
+        }
+        Ok(out)
+    }
+
+    fn apply(&mut self, ops: &mut dyn Iterator<Item = RawOp<'_>>) -> Result<(), redb::Error> {
         for (key, value) in ops {
             match value {
                 Some(value) => {
-                    table.insert(K::from_bytes(key), V::from_bytes(value))?;
+                    self.0.insert(K::from_bytes(key), V::from_bytes(value))?;
                 }
                 None => {
-                    table.remove(K::from_bytes(key))?;
+                    self.0.remove(K::from_bytes(key))?;
                 }
             }
         }
@@ -224,12 +234,12 @@ impl Registry {
         self.tables.iter().map(|t| t.as_ref())
     }
 
-    /// Applies a request's writes: the store's own tables through the group's open handles,
-    /// business tables opened once per run of consecutive writes to them.
-    pub(crate) fn apply(
+    /// Applies a request's writes through the epoch's open tables (a business table is opened
+    /// by its first write of the epoch and stays open until the epoch ends).
+    pub(crate) fn apply<'txn>(
         &self,
-        txn: &WriteTransaction,
-        open: &mut OpenTables<'_>,
+        txn: &'txn WriteTransaction,
+        open: &mut OpenTables<'txn>,
         ops: &[WriteOp],
     ) -> Result<(), redb::Error> {
         let mut rest = ops;
@@ -242,7 +252,7 @@ impl Registry {
                 .iter()
                 .map(|op| (op.key.as_slice(), op.value.as_deref()));
             if !open.apply(first.table, &mut ops)? {
-                self.table(first.table).apply(txn, &mut ops)?;
+                open.apply_business(first.table, || self.table(first.table).open(txn), &mut ops)?;
             }
             rest = &rest[run..];
         }

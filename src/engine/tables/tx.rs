@@ -247,7 +247,7 @@ impl<'g> Tx<'g> {
             Buffered::Deleted => Ok(None),
             Buffered::Untouched => match self.open.read(table, key) {
                 Some(found) => found,
-                None => self.registry.table(table).get(self.txn, key),
+                None => self.registry.table(table).open(self.txn)?.get(key),
             },
         }
     }
@@ -276,7 +276,7 @@ impl<'g> Tx<'g> {
         let wanted = limit.saturating_add(deletes);
         let mut entries = match self.open.range(table, start, end, wanted) {
             Some(found) => found?,
-            None => ops.range(self.txn, start, end, wanted)?,
+            None => ops.open(self.txn)?.range(start, end, wanted)?,
         };
         if buffered.is_empty() {
             return Ok(entries);

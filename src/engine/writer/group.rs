@@ -13,10 +13,10 @@ impl Writer {
     ///
     /// An error means the group's writes are partly applied to `txn`: the caller must not
     /// publish it.
-    pub(super) fn run_group(
+    pub(super) fn run_group<'txn>(
         &mut self,
-        txn: &WriteTransaction,
-        open: &mut OpenTables<'_>,
+        txn: &'txn WriteTransaction,
+        open: &mut OpenTables<'txn>,
         group: &mut VecDeque<Box<dyn Job>>,
         done: &mut Vec<Box<dyn Job>>,
         now: Timestamp,
@@ -94,10 +94,10 @@ impl Writer {
     /// Applies a kept write set to the transaction. A table's key type orders the keys as they
     /// are inserted: user code, which may panic. Caught here, it fails this group instead of
     /// the writer.
-    fn apply(
+    fn apply<'txn>(
         &self,
-        txn: &WriteTransaction,
-        open: &mut OpenTables<'_>,
+        txn: &'txn WriteTransaction,
+        open: &mut OpenTables<'txn>,
         writes: &WriteSet,
     ) -> Result<(), StoreError> {
         let registry = &self.shared.registry;
