@@ -5,8 +5,7 @@
 //!
 //! - redb's page cache (read cache and the write buffer of the open transaction), which redb
 //!   sizes at 1 GiB unless told otherwise: **half** the budget;
-//! - an epoch's writes before they are published to redb: the writes themselves (in redb's
-//!   transaction, or held by key until the epoch ends for the store's own tables), the overlay that
+//! - an epoch's writes before they are published to redb: the write set, the overlay that
 //!   serves the acknowledged records meanwhile, and the log payloads kept to rebuild the epoch
 //!   after a failure. Each is about the size of the write set, which is held to **an eighth**
 //!   of the budget (at most 32 MiB, past which a larger epoch buys nothing);

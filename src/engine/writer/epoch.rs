@@ -82,12 +82,7 @@ impl Writer {
         group: &mut VecDeque<Box<dyn Job>>,
         epoch: &mut Epoch,
     ) {
-        let apply = match self.mode {
-            Mode::Wal(_) => Apply::AtEpochEnd,
-            Mode::Redb | Mode::Stopped => Apply::AtOnce,
-        };
-        let mut open = match OpenTables::open(txn, &self.shared.registry, self.shared.tables, apply)
-        {
+        let mut open = match OpenTables::open(txn, &self.shared.registry, self.shared.tables) {
             Ok(open) => open,
             Err(e) => {
                 epoch.refused = requests_before_reopen(group);
@@ -152,14 +147,6 @@ impl Writer {
             if !more {
                 break;
             }
-        }
-        if epoch.tainted.is_none()
-            && let Err(e) = open.flush()
-        {
-            // Part of the held writes is in the transaction. Every group of the epoch is in
-            // the log, so the epoch is rebuilt from it, and no request fails for this.
-            tracing::warn!(error = %e, "applying an epoch's writes failed; rebuilding it from the log");
-            epoch.tainted = Some(StoreError::from(e));
         }
     }
 

@@ -60,7 +60,7 @@ use crate::engine::poison::PanicGuard;
 use crate::engine::poison::panic_message;
 use crate::engine::recovery::catch_up;
 use crate::engine::recovery::replay;
-use crate::engine::tables::open_tables::{Apply, OpenTables};
+use crate::engine::tables::open_tables::OpenTables;
 use crate::engine::tables::write_set::WriteSet;
 use crate::engine::writer::restore::Reopen;
 use crate::model::backoff::Backoff;
