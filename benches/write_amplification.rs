@@ -15,8 +15,9 @@
 //! clients, a TTL of 100 simulated seconds, one sweeper pass per simulated second (as the
 //! background sweeper would run it, [`sweep_pass`]). One TTL fills the store, two more turn it
 //! over. Printed per sweep grace (none, and the default quarter of the TTL): redb bytes per
-//! pair while filling and while turning over, and the records held at the end against the
-//! TTL's worth. `EVICT_RATE` sets pairs per simulated second (default 500: 50,000 live).
+//! pair while filling and while turning over, the records held at the end against the
+//! TTL's worth, and the epochs and checkpoints per 1,000 pairs of the fill. `EVICT_RATE` sets
+//! pairs per simulated second (default 500: 50,000 live).
 
 mod common;
 
@@ -93,9 +94,9 @@ fn eviction(rate: u64) {
         rate * TTL_S
     );
     println!(
-        "| eviction | fill, redb bytes/pair | turnover, redb bytes/pair | turnover, log bytes/pair | records at the end | removed by the sweeper | removed beside new keys |"
+        "| eviction | fill, redb bytes/pair | turnover, redb bytes/pair | turnover, log bytes/pair | records at the end | removed by the sweeper | removed beside new keys | fill, epochs and checkpoints per 1,000 pairs |"
     );
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
     let none = (
         "none (TTL longer than the run)",
         Duration::from_secs(1_000 * TTL_S),
@@ -122,7 +123,8 @@ fn eviction(rate: u64) {
         let mut swept = 0;
         for second in 0..3 * TTL_S {
             if second == TTL_S {
-                filled = Some(disk.counters());
+                let stats = store.stats().expect("stats");
+                filled = Some((disk.counters(), stats.epochs, stats.checkpoints));
             }
             let first = second * rate;
             common::pairs_from_threads(&store, 16, rate, |i| random_key(first + i));
@@ -137,17 +139,20 @@ fn eviction(rate: u64) {
         }
         store.checkpoint().expect("checkpoint");
         let end = disk.counters();
-        let filled = filled.expect("the fill ended");
+        let (filled, epochs, checkpoints) = filled.expect("the fill ended");
+        let per_thousand = |n: u64| n as f64 * 1_000.0 / (TTL_S * rate) as f64;
         let turnover = 2 * TTL_S * rate;
         let records = store.exact_stats().expect("stats").records;
         let evicted = store.stats().expect("stats").evicted;
         println!(
-            "| {name} | {} | {} | {} | {records} ({:.2} of the TTL's worth) | {swept} | {} |",
+            "| {name} | {} | {} | {} | {records} ({:.2} of the TTL's worth) | {swept} | {} | {:.1} and {:.2} |",
             filled.db_bytes / (TTL_S * rate),
             (end.db_bytes - filled.db_bytes) / turnover,
             (end.log_bytes - filled.log_bytes) / turnover,
             records as f64 / (TTL_S * rate) as f64,
-            evicted - swept
+            evicted - swept,
+            per_thousand(epochs),
+            per_thousand(checkpoints),
         );
     }
 }
