@@ -98,6 +98,45 @@ async fn begin_reads_off_the_runtime_while_the_file_is_held()
     Ok(())
 }
 
+/// Readers share one snapshot of the records table between publishes. A publish must end it
+/// (a record published and cleared from the overlay is then found), and so must a
+/// compaction, which redb refuses while a read transaction is open.
+#[test]
+fn the_shared_snapshot_ends_at_every_publish_and_before_a_compaction()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::builder()
+        .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
+        .sweep(Sweep::Off)
+        .open(dir.path().join("idem"))?;
+    let fingerprint = Fingerprint::of_bytes(b"request");
+    for round in 0..3 {
+        let scope = Scope::new("t", "op", &format!("k{round}"))?;
+        // Opens the shared snapshot, which does not have the key.
+        assert!(store.get(&scope)?.is_none());
+        let Begin::Claimed(claim) = store.begin(&scope, fingerprint)? else {
+            return Err("a new key is claimed".into());
+        };
+        claim.commit(move |_| Ok(Response::new(201, format!("body {round}"))))?;
+        store.checkpoint()?; // published: the overlay no longer has it
+        assert!(
+            store.get(&scope)?.is_some(),
+            "round {round}: the published record is read"
+        );
+        assert!(
+            matches!(store.begin(&scope, fingerprint)?, Begin::Replay(r) if r.body() == format!("body {round}").as_bytes()),
+            "round {round}: the published record is found"
+        );
+        let compacted = store.compact();
+        assert!(compacted.is_ok(), "round {round}: {compacted:?}");
+        assert!(
+            store.get(&scope)?.is_some(),
+            "round {round}: read after the compaction"
+        );
+    }
+    Ok(())
+}
+
 /// The sweeper's pass leaves a gone record alone for the sweep grace (for claims beside it to
 /// remove), then takes it; with a grace of zero it takes it at once. `evict_expired` never
 /// waits.

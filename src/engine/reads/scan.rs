@@ -18,6 +18,7 @@ use crate::model::stats::Stats;
 use super::overlay::Overlaid;
 use crate::engine::Engine;
 use crate::engine::requests;
+use crate::engine::tables::database::DbSlot;
 use crate::engine::tables::layout::{
     LEASES, RECORDS, decode_stored, index_bound_after, split_index_key,
 };
@@ -207,7 +208,8 @@ impl Engine {
         if let Some(found) = self.overlaid(scope) {
             return found;
         }
-        record_in(&*self.shared.db.read(&self.shared.poison)?, scope)
+        let db = self.shared.db.read(&self.shared.poison)?;
+        record_in(&self.shared.db, &db, scope)
     }
 
     /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
@@ -222,7 +224,7 @@ impl Engine {
             return Some(found);
         }
         Some(match self.shared.db.try_read(&self.shared.poison)? {
-            Ok(db) => record_in(&db, scope),
+            Ok(db) => record_in(&self.shared.db, &db, scope),
             Err(e) => Err(e),
         })
     }
@@ -237,11 +239,10 @@ impl Engine {
     }
 }
 
-/// The scope's record in redb's published state.
-fn record_in(db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
+/// The scope's record in redb's published state, from the snapshot readers share.
+fn record_in(slot: &DbSlot, db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
     unpanicked(|| {
-        let txn = db.begin_read()?;
-        let table = txn.open_table(raw(RECORDS))?;
+        let table = slot.records(db)?;
         table
             .get(scope.encode())?
             .map(|bytes| decode_stored(scope.encode(), bytes.value()))

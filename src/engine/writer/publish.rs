@@ -93,6 +93,8 @@ impl Writer {
         };
         match committed {
             Ok(()) => {
+                // The shared snapshot first: a reader that misses the overlay must find it.
+                self.shared.db.published();
                 self.shared.overlay.published();
                 Counters::add(&self.shared.counters.epochs, 1);
                 Ok(())
