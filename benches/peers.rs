@@ -3,7 +3,8 @@
 //! ~100-byte business row and stores a ~200-byte response, keys spread over 16 tenants.
 //!
 //! `cargo bench --bench peers` (3 runs of 3 s per configuration, medians; about 6 minutes).
-//! `cargo bench --bench peers -- --quick` does 1 run of 1 s each.
+//! `cargo bench --bench peers -- --quick` does 1 run of 1 s each. `PEERS_KEYS=v4` sends every
+//! peer random UUIDv4 keys instead of keys in order.
 //!
 //! Each peer is measured at the concurrency where it is at its best as well as at the product's
 //! 64 clients: SQLite convoys on its write lock at 64 connections, so it gets 1, 4, 16 and 64,
@@ -58,11 +59,53 @@ trait Peer: Send + Sync {
     fn pair(&self, client: usize, i: u64);
 }
 
+/// The keys every peer is sent, from `PEERS_KEYS`: `ordered` (the default, `c{client}-{i}`)
+/// or `v4`, random UUIDv4 text, the keys users send (see the `traffic` bench).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    Ordered,
+    V4,
+}
+
+fn keys() -> Keys {
+    static KEYS: std::sync::OnceLock<Keys> = std::sync::OnceLock::new();
+    *KEYS.get_or_init(|| match std::env::var("PEERS_KEYS").as_deref() {
+        Ok("v4") => Keys::V4,
+        Ok("ordered") | Err(_) => Keys::Ordered,
+        Ok(other) => panic!("PEERS_KEYS is `ordered` or `v4`, not {other:?}"),
+    })
+}
+
+/// splitmix64: a bijection of 64-bit words whose outputs look random.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 fn key(client: usize, i: u64) -> (String, String) {
-    (
-        format!("tenant-{}", client % 16),
-        format!("c{client}-{i:012}"),
-    )
+    let tenant = format!("tenant-{}", client % 16);
+    let key = match keys() {
+        Keys::Ordered => format!("c{client}-{i:012}"),
+        Keys::V4 => {
+            // `n` is distinct for every (client, i) (`i` < 2^40), and `mix` maps distinct
+            // words to distinct words: 118 of the 128 bits survive the version and variant.
+            let n = ((client as u64) << 40) | i;
+            let (hi, lo) = (mix(n), mix(n ^ 0x5555_5555_5555_5555));
+            let hi = (hi & !0xf000) | 0x4000;
+            let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
+            format!(
+                "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                hi >> 32,
+                (hi >> 16) & 0xffff,
+                hi & 0xffff,
+                lo >> 48,
+                lo & 0xffff_ffff_ffff
+            )
+        }
+    };
+    (tenant, key)
 }
 
 // ---------------------------------------------------------------------------------- idemstore
@@ -812,7 +855,8 @@ fn main() {
         dir
     };
     println!(
-        "peers: {runs} run(s) of {duration:?} per configuration, pairs/s, in {}",
+        "peers: {runs} run(s) of {duration:?} per configuration, pairs/s, keys {:?}, in {}",
+        keys(),
         root.display()
     );
 
