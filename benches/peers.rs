@@ -95,14 +95,7 @@ fn key(client: usize, i: u64) -> (String, String) {
             let (hi, lo) = (mix(n), mix(n ^ 0x5555_5555_5555_5555));
             let hi = (hi & !0xf000) | 0x4000;
             let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
-            format!(
-                "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-                hi >> 32,
-                (hi >> 16) & 0xffff,
-                hi & 0xffff,
-                lo >> 48,
-                lo & 0xffff_ffff_ffff
-            )
+            common::uuid_text(hi, lo)
         }
     };
     (tenant, key)

@@ -127,14 +127,7 @@ impl Kind {
             Kind::V7 => ((now_ms() & 0xffff_ffff_ffff) << 16) | (hi & 0x0fff) | 0x7000,
         };
         let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
-        format!(
-            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
-            hi >> 32,
-            (hi >> 16) & 0xffff,
-            hi & 0xffff,
-            lo >> 48,
-            lo & 0xffff_ffff_ffff
-        )
+        common::uuid_text(hi, lo)
     }
 }
 

@@ -16,6 +16,19 @@ pub const ROW: [u8; 100] = [7; 100];
 /// The stored response of a pair.
 pub const BODY: [u8; 200] = [b'r'; 200];
 
+/// A UUID's canonical text (36 characters, lowercase hex with dashes) from its two halves,
+/// version and variant bits already set.
+pub fn uuid_text(hi: u64, lo: u64) -> String {
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        hi >> 32,
+        (hi >> 16) & 0xffff,
+        hi & 0xffff,
+        lo >> 48,
+        lo & 0xffff_ffff_ffff
+    )
+}
+
 /// The scope of a pair: `key` under tenant `tenant % 16`.
 pub fn scope(tenant: u64, key: String) -> Scope {
     Scope::new(format!("tenant-{}", tenant % 16), "create_order", key).expect("a valid scope")

@@ -6,6 +6,14 @@ use crate::model::clock::{ManualClock, Timestamp};
 use crate::model::config::{SelfHeal, Sweep};
 use crate::{Begin, Fingerprint, Response, Scope, Store};
 
+/// A builder on a clock that stands still, with no sweeper: nothing changes the store but the
+/// test.
+fn quiet() -> crate::Builder {
+    Store::builder()
+        .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
+        .sweep(Sweep::Off)
+}
+
 /// While poisoned (here with self-heal off, so it stays so), a store answers everything
 /// that only reads: a replay, `get`, business reads, stats (which say why). Writes are
 /// refused with the cause. `reopen` brings it back.
@@ -13,9 +21,7 @@ use crate::{Begin, Fingerprint, Response, Scope, Store};
 fn a_poisoned_store_answers_reads_refuses_writes_and_comes_back_on_reopen()
 -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = Store::builder()
-        .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-        .sweep(Sweep::Off)
+    let store = quiet()
         .self_heal(SelfHeal::Off)
         .open(dir.path().join("idem"))?;
     let scope = Scope::new("t", "op", "done")?;
@@ -64,10 +70,7 @@ fn a_poisoned_store_answers_reads_refuses_writes_and_comes_back_on_reopen()
 async fn begin_reads_off_the_runtime_while_the_file_is_held()
 -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = Store::builder()
-        .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-        .sweep(Sweep::Off)
-        .open(dir.path().join("idem"))?;
+    let store = quiet().open(dir.path().join("idem"))?;
     let scope = Scope::new("t", "op", "k")?;
     let fingerprint = Fingerprint::of_bytes(b"request");
     let Begin::Claimed(claim) = store.begin_async(&scope, fingerprint).await? else {
@@ -105,13 +108,10 @@ async fn begin_reads_off_the_runtime_while_the_file_is_held()
 fn the_shared_snapshot_ends_at_every_publish_and_before_a_compaction()
 -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
-    let store = Store::builder()
-        .clock(ManualClock::new(Timestamp::from_millis(1_000_000)))
-        .sweep(Sweep::Off)
-        .open(dir.path().join("idem"))?;
+    let store = quiet().open(dir.path().join("idem"))?;
     let fingerprint = Fingerprint::of_bytes(b"request");
     for round in 0..3 {
-        let scope = Scope::new("t", "op", &format!("k{round}"))?;
+        let scope = Scope::new("t", "op", format!("k{round}"))?;
         // Opens the shared snapshot, which does not have the key.
         assert!(store.get(&scope)?.is_none());
         let Begin::Claimed(claim) = store.begin(&scope, fingerprint)? else {
