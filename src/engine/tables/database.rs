@@ -7,8 +7,8 @@
 //! and to compact (which needs the database to itself).
 //!
 //! The slot also keeps the records table as last published, open in one read transaction that
-//! every `begin` shares until the writer publishes again: opening a read transaction and the
-//! table cost a pair about 6,000 instructions, more than the lookup itself.
+//! every `begin` shares until the writer publishes again (why, and what it costs: "Readers
+//! share one snapshot between publishes" in `docs/design.md`).
 
 use std::sync::Arc;
 
