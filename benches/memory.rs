@@ -30,10 +30,7 @@ const GIB: usize = 1 << 30;
 
 /// A key for pair `i`: a random-looking 16-hex-digit name (splitmix64 of `i`).
 fn key(i: u64) -> String {
-    let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    format!("{:016x}", z ^ (z >> 31))
+    format!("{:016x}", common::mix(i))
 }
 
 /// Runs `op(i)` for `i` in `0..count` from 64 threads; returns operations per second.

@@ -76,14 +76,6 @@ fn keys() -> Keys {
     })
 }
 
-/// splitmix64: a bijection of 64-bit words whose outputs look random.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 fn key(client: usize, i: u64) -> (String, String) {
     let tenant = format!("tenant-{}", client % 16);
     let key = match keys() {
@@ -92,10 +84,8 @@ fn key(client: usize, i: u64) -> (String, String) {
             // `n` is distinct for every (client, i) (`i` < 2^40), and `mix` maps distinct
             // words to distinct words: 118 of the 128 bits survive the version and variant.
             let n = ((client as u64) << 40) | i;
-            let (hi, lo) = (mix(n), mix(n ^ 0x5555_5555_5555_5555));
-            let hi = (hi & !0xf000) | 0x4000;
-            let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
-            common::uuid_text(hi, lo)
+            let (hi, lo) = (common::mix(n), common::mix(n ^ 0x5555_5555_5555_5555));
+            common::uuid_text((hi & !0xf000) | 0x4000, lo)
         }
     };
     (tenant, key)

@@ -80,11 +80,9 @@ impl Rng {
     }
 
     fn next(&mut self) -> u64 {
+        let z = common::mix(self.0);
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        z
     }
 }
 
@@ -126,7 +124,6 @@ impl Kind {
             Kind::V4 => (hi & !0xf000) | 0x4000,
             Kind::V7 => ((now_ms() & 0xffff_ffff_ffff) << 16) | (hi & 0x0fff) | 0x7000,
         };
-        let lo = (lo & 0x3fff_ffff_ffff_ffff) | 0x8000_0000_0000_0000;
         common::uuid_text(hi, lo)
     }
 }

@@ -78,13 +78,7 @@ fn modes(count: u64) {
 
 /// A random 32-hex-digit key for pair `i` (splitmix64 twice): no two pairs share one.
 fn random_key(i: u64) -> String {
-    let mix = |mut z: u64| {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    };
-    format!("{:016x}{:016x}", mix(i), mix(!i))
+    format!("{:016x}{:016x}", common::mix(i), common::mix(!i))
 }
 
 fn eviction(rate: u64) {

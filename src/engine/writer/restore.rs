@@ -85,7 +85,6 @@ impl Writer {
         }
         self.count_log();
         self.next_fence = self.next_fence.max(next_fence);
-        self.shared.db.published();
         self.shared.overlay.published();
         self.shared.poison.clear();
         self.checkpoint_soon_if_replayed();
