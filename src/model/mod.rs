@@ -18,6 +18,7 @@ pub(crate) mod memory;
 pub(crate) mod message;
 pub(crate) mod outcomes;
 pub(crate) mod pace;
+pub(crate) mod panic;
 pub(crate) mod record;
 pub(crate) mod response;
 pub(crate) mod scope;

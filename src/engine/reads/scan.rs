@@ -255,7 +255,7 @@ fn record_in(slot: &DbSlot, db: &Database, scope: &Scope) -> Result<Option<Recor
 fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(StoreError::Damaged {
-            detail: crate::engine::poison::panic_message(panic.as_ref()),
+            detail: crate::model::panic::panic_message(panic.as_ref()),
         })
     })
 }

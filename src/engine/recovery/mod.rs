@@ -6,8 +6,8 @@ pub(super) mod replay;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::engine::poison::panic_message;
 use crate::error::OpenError;
+use crate::model::panic::panic_message;
 
 /// Runs a step of opening or recovering that reads the database file, turning a panic inside
 /// redb (a damaged file) into an error.

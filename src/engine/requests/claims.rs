@@ -21,11 +21,11 @@ use super::answers::{CommitRefusal, Held, Refusal, UserFailure, UserWork};
 use super::evict::evict_beside;
 use super::outbox;
 use super::records::{read_record, write_record};
-use crate::engine::poison::panic_message;
 use crate::engine::tables::tx::Tx;
 use crate::engine::watchers::HoldToken;
 use crate::engine::writer::context::Context;
 use crate::engine::writer::job::Keep;
+use crate::model::panic::panic_message;
 
 /// `begin`, decided against the group's transaction.
 pub(crate) fn begin(

@@ -4,7 +4,7 @@
 //! The work runs first; its answer waits until the whole group is durable (or has failed), so a
 //! caller never hears of a write that could still be lost.
 
-use crate::engine::poison::panic_message;
+use crate::model::panic::panic_message;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::engine::tables::tx::Tx;

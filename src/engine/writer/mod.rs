@@ -57,13 +57,13 @@ use self::job::{Job, JobKind, Keep};
 use super::Shared;
 use crate::engine::counters::Counters;
 use crate::engine::poison::PanicGuard;
-use crate::engine::poison::panic_message;
 use crate::engine::recovery::catch_up;
 use crate::engine::recovery::replay;
 use crate::engine::tables::open_tables::OpenTables;
 use crate::engine::tables::write_set::WriteSet;
 use crate::engine::writer::restore::Reopen;
 use crate::model::backoff::Backoff;
+use crate::model::panic::panic_message;
 
 /// How long an epoch waits for more work before publishing: long enough for clients that were
 /// just answered to send their next request, short enough that an idle store publishes at once.
