@@ -10,6 +10,7 @@
 //! - `schema`: names from the prefix, the versioned migration;
 //! - `sql`: every statement, built once per store;
 //! - `store`: `begin`, eviction, listing, stats; `protocol`: the traits, `begin_or_wait`;
+//! - `execute`: claim, business writes and completion in one transaction;
 //! - `claim`: the fenced operations of a holder; `tx`: the transaction it hands out;
 //! - `record`, `codec`: rows back into records and responses;
 //! - `listen`: `LISTEN`/`NOTIFY` wake-ups; `sweep`: background eviction;
@@ -21,6 +22,7 @@ mod claim;
 mod codec;
 mod config;
 mod driver;
+mod execute;
 mod listen;
 mod outbox;
 mod protocol;

@@ -42,6 +42,11 @@ pub(crate) struct Names {
 }
 
 impl Names {
+    /// The prefix every name starts with.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// Names under `prefix`, after checking it is a plain identifier (it is spliced into SQL).
     pub(crate) fn new(prefix: &str) -> Result<Self, PgOpenError> {
         let plain = !prefix.is_empty()

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::PgRow;
-use sqlx::{AssertSqlSafe, PgPool, Row};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
 use super::claim::PgClaim;
 use super::config::{Config, PgBuilder, duration_i64};
@@ -185,9 +185,23 @@ impl PgStore {
         hex(scope.encode())
     }
 
-    /// One `begin`: the claiming upsert; if it wrote nothing, the read that answers.
+    /// One `begin`: the claiming upsert; if it wrote nothing, the read that answers. Both on
+    /// one pooled connection, autocommitted.
     pub(crate) async fn begin_once(
         &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin<PgClaim>, StoreError> {
+        let mut conn = timed(self.call_limit(), "claim", self.inner.pool.acquire()).await?;
+        self.begin_on(&mut conn, scope, fingerprint).await
+    }
+
+    /// The claiming upsert on `conn`, then, if it wrote nothing, the read that answers:
+    /// `begin`'s rule, for `begin` (autocommitted) and for `execute` (inside the transaction
+    /// that will hold the business writes). Counts the answer.
+    pub(crate) async fn begin_on(
+        &self,
+        conn: &mut PgConnection,
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
@@ -207,7 +221,7 @@ impl PgStore {
                     .bind(duration_i64(config.lease))
                     .bind(config.now())
                     .bind(tombstone_ms)
-                    .fetch_optional(&inner.pool),
+                    .fetch_optional(&mut *conn),
             )
             .await?;
             if let Some(row) = claimed {
@@ -228,7 +242,7 @@ impl PgStore {
                     .bind(scope.operation())
                     .bind(scope.key())
                     .bind(config.now())
-                    .fetch_optional(&inner.pool),
+                    .fetch_optional(&mut *conn),
             )
             .await?;
             // Gone between the two statements (released, evicted): claim again.

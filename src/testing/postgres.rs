@@ -8,13 +8,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use super::conformance::{Harness, Settings};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU32;
+
+use super::conformance::{ExecuteHarness, Harness, Settings, Work, finish};
 use super::outbox_conformance::{Committed, Ending, OutboxHarness};
-use crate::error::{BoxError, CommitError};
+use crate::error::{BoxError, CommitError, ExecuteError};
 use crate::model::clock::ManualClock;
 use crate::model::config::Sweep;
+use crate::model::execution::Execution;
+use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
-use crate::postgres::{Names, PgClaim, PgStore};
+use crate::model::scope::Scope;
+use crate::postgres::{Names, PgClaim, PgStore, PgTx};
 
 /// The URL tests connect to: `IDEMSTORE_PG_URL`, else the machine's local PostgreSQL.
 pub fn database_url() -> String {
@@ -208,7 +214,7 @@ impl Harness for Postgres {
     async fn open(&self, settings: Settings, clock: ManualClock) -> Result<PgStore, BoxError> {
         let prefix = unique_prefix("conf");
         self.prefixes.lock().push(prefix.clone());
-        PgStore::builder(&self.url)
+        let store = PgStore::builder(&self.url)
             .prefix(&prefix)
             .lease(settings.lease)
             .ttl(settings.ttl)
@@ -218,7 +224,50 @@ impl Harness for Postgres {
             .pool_size(8)
             .open()
             .await
-            .map_err(|e| unreachable(&self.url, &e))
+            .map_err(|e| unreachable(&self.url, &e))?;
+        let rows = rows_table(&store);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE {rows} (name text PRIMARY KEY)"
+        )))
+        .execute(store.pool())
+        .await?;
+        Ok(store)
+    }
+}
+
+/// The business table of the harness's `execute` work, under the store's prefix (so it is
+/// dropped with the store's tables).
+fn rows_table(store: &PgStore) -> String {
+    format!("{}rows", store.inner.names.prefix())
+}
+
+impl ExecuteHarness for Postgres {
+    async fn execute(
+        backend: &PgStore,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        row: String,
+        work: Work,
+        ran: Arc<AtomicU32>,
+    ) -> Result<Execution, ExecuteError> {
+        let insert = format!("INSERT INTO {} (name) VALUES ($1)", rows_table(backend));
+        backend
+            .execute(scope, fingerprint, async move |tx: &mut PgTx| {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                sqlx::query(sqlx::AssertSqlSafe(insert))
+                    .bind(row)
+                    .execute(tx.conn())
+                    .await?;
+                finish(work)
+            })
+            .await
+    }
+
+    async fn rows(backend: &PgStore) -> Result<Vec<String>, BoxError> {
+        let select = format!("SELECT name FROM {} ORDER BY name", rows_table(backend));
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(select))
+            .fetch_all(backend.pool())
+            .await?)
     }
 }
 

@@ -37,12 +37,14 @@ use crate::protocol::{Protocol, ProtocolClaim};
 
 mod claims;
 mod decide;
+mod execute;
 mod races;
 mod retention;
 mod waiting;
 
 pub use claims::*;
 pub use decide::*;
+pub use execute::*;
 pub use races::*;
 pub use retention::*;
 pub use waiting::*;
@@ -148,7 +150,41 @@ impl Harness for Local {
             .tombstone_ttl(settings.tombstone_ttl)
             .clock(clock)
             .sweep(Sweep::Off)
+            .table(ROWS)
             .open(self.fresh_dir())?)
+    }
+}
+
+/// The business table of the local harness's `execute` work: row name → 1.
+const ROWS: redb::TableDefinition<'static, &str, u64> =
+    redb::TableDefinition::new("conformance.rows");
+
+impl ExecuteHarness for Local {
+    async fn execute(
+        backend: &Store,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        row: String,
+        work: Work,
+        ran: Arc<AtomicU32>,
+    ) -> Result<crate::model::execution::Execution, crate::error::ExecuteError> {
+        backend
+            .execute_async(scope, fingerprint, move |tx| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                tx.insert(&ROWS, row.as_str(), 1)?;
+                execute::finish(work)
+            })
+            .await
+    }
+
+    async fn rows(backend: &Store) -> Result<Vec<String>, BoxError> {
+        use redb::ReadableTable;
+        let table = backend.read()?.open_table(ROWS)?;
+        let mut rows = Vec::new();
+        for entry in table.iter()? {
+            rows.push(entry?.0.value().to_owned());
+        }
+        Ok(rows)
     }
 }
 
@@ -175,7 +211,11 @@ macro_rules! conformance_suite {
             abandoned_lists_expired_leases_oldest_first,
             tenants_never_see_each_other,
             sixty_four_racing_tasks_run_each_key_once,
-            sixty_four_racing_take_overs_recover_once
+            sixty_four_racing_take_overs_recover_once,
+            execute_runs_once_and_replays_byte_for_byte,
+            failed_or_panicked_execute_writes_nothing,
+            execute_defers_to_a_live_claim_and_takes_over_an_expired_one,
+            sixty_four_racing_executes_run_each_key_once
         );
     };
     (@cases $harness:expr; $($case:ident),*) => {$(
