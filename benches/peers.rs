@@ -480,7 +480,9 @@ mod postgres_peers {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use idemstore::sqlx::{self, AssertSqlSafe, PgPool};
-    use idemstore::{Begin, Fingerprint, PgStore, Protocol, Response, Scope, Sweep};
+    use idemstore::{
+        Begin, Execution, Fingerprint, PgStore, PgTx, Protocol, Response, Scope, Sweep,
+    };
 
     use super::{BODY, Made, Peer, ROW, key};
 
@@ -531,17 +533,27 @@ mod postgres_peers {
         .await;
     }
 
-    /// idemstore's PostgreSQL backend: `begin`, then the claim's transaction with the
-    /// business row, then `PgTx::commit`.
+    /// How the backend runs a pair.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Path {
+        /// `begin`, then the claim's transaction with the business row, then `PgTx::commit`:
+        /// two commits.
+        TwoPhase,
+        /// `PgStore::execute`: the claim, the row and the completion in one transaction.
+        Execute,
+    }
+
+    /// idemstore's PostgreSQL backend, on either path.
     pub(super) struct Backend {
         runtime: tokio::runtime::Runtime,
         store: PgStore,
         insert: String,
         prefix: String,
+        path: Path,
     }
 
     impl Backend {
-        pub(super) fn open(pool_size: u32) -> Made {
+        pub(super) fn open(pool_size: u32, path: Path) -> Made {
             let runtime = runtime();
             let prefix = prefix("idem");
             let (store, insert) = runtime
@@ -568,6 +580,7 @@ mod postgres_peers {
                 store,
                 insert,
                 prefix,
+                path,
             }))
         }
     }
@@ -577,11 +590,25 @@ mod postgres_peers {
             let (tenant, key) = key(client, i);
             self.runtime.block_on(async {
                 let scope = Scope::new(&tenant, "create_order", &key).expect("scope");
-                let begun = self
-                    .store
-                    .begin(&scope, Fingerprint::of_bytes(key.as_bytes()))
-                    .await
-                    .expect("begin");
+                let fingerprint = Fingerprint::of_bytes(key.as_bytes());
+                if self.path == Path::Execute {
+                    let insert = self.insert.clone();
+                    let done = self
+                        .store
+                        .execute(&scope, fingerprint, async |tx: &mut PgTx| {
+                            sqlx::query(AssertSqlSafe(insert))
+                                .bind(&key)
+                                .bind(&ROW[..])
+                                .execute(tx.conn())
+                                .await?;
+                            Ok(Response::new(201, BODY.to_vec()))
+                        })
+                        .await
+                        .expect("execute");
+                    assert!(matches!(done, Execution::Executed(_)), "{key} was not new");
+                    return;
+                }
+                let begun = self.store.begin(&scope, fingerprint).await.expect("begin");
                 let Begin::Claimed(claim) = begun else {
                     panic!("{key} was not new: {}", begun.outcome());
                 };
@@ -844,8 +871,13 @@ fn main() {
     );
 
     let mut rows: Vec<Row> = Vec::new();
+    // `PEERS_ONLY=<prefix>`: only the configurations whose name starts with it.
+    let only = std::env::var("PEERS_ONLY").unwrap_or_default();
     let mut measure =
         |name: &str, clients: usize, durable: &'static str, make: &dyn Fn(&Path) -> Made| {
+            if !name.starts_with(&only) {
+                return;
+            }
             let mut results = Vec::new();
             for r in 0..runs {
                 let dir = fresh(&format!("{name}-{clients}-{r}"));
@@ -913,16 +945,20 @@ fn main() {
     );
     #[cfg(feature = "postgres")]
     {
-        measure("PostgreSQL backend", 1, "yes", &|_| {
-            postgres_peers::Backend::open(1)
-        });
-        for pool in [16, 64] {
-            measure(
-                &format!("PostgreSQL backend, pool {pool}"),
-                PRODUCT_CLIENTS,
-                "yes",
-                &|_| postgres_peers::Backend::open(pool),
-            );
+        use postgres_peers::Path;
+        for (name, path) in [
+            ("PostgreSQL backend", Path::TwoPhase),
+            ("PostgreSQL backend execute", Path::Execute),
+        ] {
+            measure(name, 1, "yes", &|_| postgres_peers::Backend::open(1, path));
+            for pool in [16, 64] {
+                measure(
+                    &format!("{name}, pool {pool}"),
+                    PRODUCT_CLIENTS,
+                    "yes",
+                    &|_| postgres_peers::Backend::open(pool, path),
+                );
+            }
         }
         measure("PostgreSQL hand-written", 1, "yes", &|_| {
             postgres_peers::HandWritten::open(1)
@@ -937,7 +973,7 @@ fn main() {
         }
     }
     #[cfg(feature = "tokio")]
-    {
+    if ASYNC.starts_with(&only) {
         let mut results = Vec::new();
         for r in 0..runs {
             let dir = fresh(&format!("async-{r}"));
@@ -958,29 +994,37 @@ fn main() {
             durable: "yes",
         });
     }
-    let mut ceilings = Vec::new();
-    for r in 0..runs {
-        let dir = fresh(&format!("ceiling-{r}"));
-        ceilings.push(ceiling(&dir, duration));
-        let _ = std::fs::remove_dir_all(&dir);
+    // The ceiling and the latencies belong to the whole run, not to a `PEERS_ONLY` part.
+    if only.is_empty() {
+        let mut ceilings = Vec::new();
+        for r in 0..runs {
+            let dir = fresh(&format!("ceiling-{r}"));
+            ceilings.push(ceiling(&dir, duration));
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        println!(
+            "  {:<28}  1 thread:  {:>9.0} pairs/s",
+            "CPU ceiling (redb, no sync)",
+            median(ceilings.clone())
+        );
+        rows.push(Row {
+            name: "CPU ceiling: redb, batched, no sync".into(),
+            clients: 1,
+            runs: ceilings,
+            durable: "NO: the limit",
+        });
     }
-    println!(
-        "  {:<28}  1 thread:  {:>9.0} pairs/s",
-        "CPU ceiling (redb, no sync)",
-        median(ceilings.clone())
-    );
-    rows.push(Row {
-        name: "CPU ceiling: redb, batched, no sync".into(),
-        clients: 1,
-        runs: ceilings,
-        durable: "NO: the limit",
-    });
 
     // Latency of one pair, and two raw fdatasyncs on the same disk.
     std::fs::create_dir_all(&root).expect("bench dir");
     let sync_p50 = fdatasync_p50(&root);
     let mut latency_lines = Vec::new();
-    for clients in [1, PRODUCT_CLIENTS] {
+    let latency_clients: &[usize] = if only.is_empty() {
+        &[1, PRODUCT_CLIENTS]
+    } else {
+        &[]
+    };
+    for &clients in latency_clients {
         let dir = fresh(&format!("latency-{clients}"));
         let store = Idemstore::open(&dir, Durability::Wal);
         let all = Mutex::new(Vec::new());
@@ -1047,10 +1091,12 @@ fn main() {
             );
         }
     }
-    println!(
-        "| idemstore Wal execute / two-phase, 64 clients | {:.2}x |",
-        execute / wal
-    );
+    if execute.is_finite() && wal.is_finite() {
+        println!(
+            "| idemstore Wal execute / two-phase, 64 clients | {:.2}x |",
+            execute / wal
+        );
+    }
     println!(
         "\n| ratio at equal concurrency (idemstore Wal, {PRODUCT_CLIENTS} clients, to ...) | value |"
     );
@@ -1087,9 +1133,13 @@ fn main() {
     {
         // The hand-written pattern at its best pool size, against the backend at the same
         // concurrency (and its best pool).
-        let best_of = |prefix: &str, clients: usize| {
+        let best_of = |prefix: &str, path: &str, clients: usize| {
             rows.iter()
-                .filter(|r| r.name.starts_with(prefix) && r.clients == clients)
+                .filter(|r| {
+                    r.name.starts_with(prefix)
+                        && r.name.contains("execute") == (path == "execute")
+                        && r.clients == clients
+                })
                 .map(|r| (median(r.runs.clone()), r.name.clone()))
                 .max_by(|a, b| a.0.total_cmp(&b.0))
         };
@@ -1098,15 +1148,17 @@ fn main() {
             postgres_peers::ROUND_TRIPS
         );
         println!("| --- | --- |");
-        for clients in [1, PRODUCT_CLIENTS] {
-            if let (Some((ours, on)), Some((theirs, against))) = (
-                best_of("PostgreSQL backend", clients),
-                best_of("PostgreSQL hand-written", clients),
-            ) {
-                println!(
-                    "| {clients} client(s): {on} / {against} (its best) | {:.2}x |",
-                    ours / theirs
-                );
+        for path in ["two-phase", "execute"] {
+            for clients in [1, PRODUCT_CLIENTS] {
+                if let (Some((ours, on)), Some((theirs, against))) = (
+                    best_of("PostgreSQL backend", path, clients),
+                    best_of("PostgreSQL hand-written", "two-phase", clients),
+                ) {
+                    println!(
+                        "| {clients} client(s): {on} / {against} (its best) | {:.2}x |",
+                        ours / theirs
+                    );
+                }
             }
         }
     }

@@ -100,12 +100,11 @@ impl PgStore {
             Err(CommitError::Stale(stale)) => Err(ExecuteError::Store(StoreError::Internal {
                 message: format!(
                     "execute: the claim made in this transaction was not there to complete ({stale}); nothing was written"
-                )
-                .into(),
+                ),
             })),
             // `PgTx::commit` runs no closure, so it neither aborts nor panics.
             Err(other) => Err(ExecuteError::Store(StoreError::Internal {
-                message: format!("execute: an unexpected commit error ({other})").into(),
+                message: format!("execute: an unexpected commit error ({other})"),
             })),
         }
     }

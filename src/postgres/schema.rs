@@ -43,6 +43,7 @@ pub(crate) struct Names {
 
 impl Names {
     /// The prefix every name starts with.
+    #[cfg(feature = "testing")]
     pub(crate) fn prefix(&self) -> &str {
         &self.prefix
     }
