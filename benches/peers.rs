@@ -533,6 +533,38 @@ mod postgres_peers {
         .await;
     }
 
+    /// What the server did per pair, counted on its side: WAL bytes written
+    /// (`pg_current_wal_lsn()` before and after) and transactions that wrote (transaction ids
+    /// handed out: the next xid before and after; reads take none), over `pairs` pairs from one
+    /// client after a warm-up. The whole server's counters: on a quiet database, the peer's.
+    pub(super) fn server_cost(peer: &dyn Peer, pairs: u64) -> Result<(f64, f64), String> {
+        let runtime = runtime();
+        let admin = runtime
+            .block_on(PgPool::connect(&url()))
+            .map_err(|e| format!("PostgreSQL at {}: {e}", url()))?;
+        let read = || {
+            runtime
+                .block_on(
+                    sqlx::query_as::<_, (i64, i64)>(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, \
+                     pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+                    )
+                    .fetch_one(&admin),
+                )
+                .map_err(|e| format!("read the server's counters: {e}"))
+        };
+        for i in 0..100 {
+            peer.pair(0, i);
+        }
+        let (wal0, xid0) = read()?;
+        for i in 100..100 + pairs {
+            peer.pair(0, i);
+        }
+        let (wal1, xid1) = read()?;
+        let n = pairs as f64;
+        Ok(((wal1 - wal0) as f64 / n, (xid1 - xid0) as f64 / n))
+    }
+
     /// How the backend runs a pair.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub(super) enum Path {
@@ -970,6 +1002,31 @@ fn main() {
                 "yes",
                 &|_| postgres_peers::HandWritten::open(pool),
             );
+        }
+        // What the server did per pair, on each path: one client, 2,000 pairs.
+        let costs: [(&str, &dyn Fn() -> Made); 3] = [
+            ("backend two-phase", &|| {
+                postgres_peers::Backend::open(1, Path::TwoPhase)
+            }),
+            ("backend execute", &|| {
+                postgres_peers::Backend::open(1, Path::Execute)
+            }),
+            ("hand-written", &|| postgres_peers::HandWritten::open(1)),
+        ];
+        if "PostgreSQL".starts_with(&only) || only.starts_with("PostgreSQL") {
+            println!(
+                "\n| PostgreSQL, per pair, server side | WAL bytes | transactions that wrote |"
+            );
+            println!("| --- | --- | --- |");
+            for (name, make) in costs {
+                match make()
+                    .map_err(|e| e.to_string())
+                    .and_then(|peer| postgres_peers::server_cost(peer.as_ref(), 2_000))
+                {
+                    Ok((wal, commits)) => println!("| {name} | {wal:.0} | {commits:.2} |"),
+                    Err(why) => println!("| {name} | skipped: {why} | |"),
+                }
+            }
         }
     }
     #[cfg(feature = "tokio")]
