@@ -97,28 +97,22 @@ pub async fn failed_or_panicked_execute_writes_nothing<H: ExecuteHarness>(
 ) -> Result<(), BoxError> {
     let backend = harness.open(Settings::default(), clock()).await?;
     let (key, ran) = (scope("tenant-a", "exec-0002"), Arc::new(AtomicU32::new(0)));
-    let failed = H::execute(
-        &backend,
-        &key,
-        fingerprint("r"),
-        "row-2".into(),
-        Work::Fail,
-        ran.clone(),
-    )
-    .await;
+    let attempt = |work| {
+        H::execute(
+            &backend,
+            &key,
+            fingerprint("r"),
+            "row-2".into(),
+            work,
+            ran.clone(),
+        )
+    };
+    let failed = attempt(Work::Fail).await;
     assert!(
         matches!(failed, Err(ExecuteError::Aborted(_))),
         "{failed:?}"
     );
-    let panicked = H::execute(
-        &backend,
-        &key,
-        fingerprint("r"),
-        "row-2".into(),
-        Work::Panic,
-        ran.clone(),
-    )
-    .await;
+    let panicked = attempt(Work::Panic).await;
     assert!(
         matches!(panicked, Err(ExecuteError::Panicked(_))),
         "{panicked:?}"
@@ -129,15 +123,7 @@ pub async fn failed_or_panicked_execute_writes_nothing<H: ExecuteHarness>(
     assert_eq!((stats.records, stats.in_progress), (0, 0), "{stats:?}");
 
     let response = Work::Answer(Response::new(201, "third time"));
-    let third = H::execute(
-        &backend,
-        &key,
-        fingerprint("r"),
-        "row-2".into(),
-        response,
-        ran.clone(),
-    )
-    .await?;
+    let third = attempt(response).await?;
     assert!(matches!(third, Execution::Executed(_)), "{third:?}");
     assert_eq!(H::rows(&backend).await?, vec!["row-2".to_owned()]);
     Ok(())
