@@ -112,27 +112,6 @@ impl Builder {
         self
     }
 
-    /// How long the background sweeper leaves a record that is gone (past its TTL, and its
-    /// tombstone time if any) before removing it itself.
-    ///
-    /// A record's removal rewrites the page that holds it. With random keys that page is a
-    /// random one, so the sweeper pays one page write per record. A new key's claim looks at
-    /// the few records stored after it, on the page it writes anyway, and removes the ones
-    /// that are gone at no extra cost; given time, most records go that way. The grace is that
-    /// time: over a quarter of the TTL, about 84% of gone records go beside new keys (the
-    /// write-amplification bench). Gone records answer nothing either way; the cost of a grace
-    /// is disk only, about 11% more records than a TTL's worth at the default.
-    /// [`Store::evict_expired`](crate::Store::evict_expired) removes everything gone at once,
-    /// grace or not.
-    ///
-    /// Default = a quarter of the TTL. `Duration::ZERO` removes records as soon as the sweeper
-    /// runs, as before. Valid: 0 ..= 3650 days.
-    #[must_use]
-    pub fn sweep_grace(mut self, grace: Duration) -> Self {
-        self.config.sweep_grace = Some(grace);
-        self
-    }
-
     /// Whether a poisoned store recovers in place on its own (see [`SelfHeal`]).
     ///
     /// Default = [`SelfHeal::Backoff`] from 100 ms to 30 s. Valid: 1 ms <= first <= max <=

@@ -236,10 +236,13 @@ impl Store {
         self.engine().read()
     }
 
-    /// Removes up to `limit` completed records whose TTL has passed, oldest first, through the
-    /// expiry index (never a scan of the records). Runs through the writer like any write.
-    /// In-progress records are never evicted. Unlike the background sweeper, it does not wait
-    /// the sweep grace ([`Builder::sweep_grace`](crate::Builder::sweep_grace)).
+    /// Removes up to `limit` records that are gone, oldest first. Records are removed with
+    /// their partition, once every record in it is gone (past its TTL and any tombstone time),
+    /// in key order, never by a search: a record is kept up to an eighth of the TTL past its
+    /// time (it answers nothing meanwhile). When tombstones are kept, the completed records of
+    /// a partition whose TTLs have all passed are turned into tombstones too (their responses
+    /// removed), and counted as removed. Runs through the writer like any write. In-progress
+    /// records are never evicted.
     ///
     /// # Errors
     /// [`StoreError`] if storage fails or the store is poisoned.

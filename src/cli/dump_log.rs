@@ -71,16 +71,27 @@ pub(crate) fn run(args: &DumpLogArgs) -> Result<Outcome, Fail> {
 
 /// A key of one of the store's tables (or a business table's) for people.
 fn key(table: &str, key: &[u8]) -> String {
+    let scope =
+        |bytes: &[u8]| Scope::decode(bytes).map_or_else(|_| show::hex(bytes), |s| show::scope(&s));
     match table {
-        "idemstore.records" => {
-            Scope::decode(key).map_or_else(|_| show::hex(key), |s| show::scope(&s))
-        }
+        // Format 3's record tables, and format 2's (a log an older build left).
+        "idemstore.claims" | "idemstore.records" => scope(key),
+        "idemstore.done" => match key.split_first_chunk::<4>() {
+            Some((partition, rest)) => {
+                format!("p{} {}", u32::from_be_bytes(*partition), scope(rest))
+            }
+            None => show::hex(key),
+        },
+        "idemstore.partitions" => match <[u8; 4]>::try_from(key) {
+            Ok(partition) => format!("p{}", u32::from_be_bytes(partition)),
+            Err(_) => show::hex(key),
+        },
         "idemstore.expiry" | "idemstore.leases" | "idemstore.tombstones" => {
             match key.split_first_chunk::<8>() {
-                Some((at, scope)) => format!(
+                Some((at, rest)) => format!(
                     "@{} {}",
                     show::time(Timestamp::from_millis(u64::from_be_bytes(*at))),
-                    Scope::decode(scope).map_or_else(|_| show::hex(scope), |s| show::scope(&s))
+                    scope(rest)
                 ),
                 None => show::hex(key),
             }

@@ -36,6 +36,7 @@ fn to_json(inspector: &Inspector, s: &Summary) -> serde_json::Value {
         "completed": s.completed,
         "expired_awaiting_eviction": s.expired,
         "tombstones": s.tombstones,
+        "partitions": s.partitions,
         "oldest_in_progress_ms": s.oldest_in_progress.map(|d| d.as_millis() as u64),
         "db_bytes": s.db_bytes,
         "closed_cleanly": inspector.closed() == crate::inspect::Closed::Cleanly,
@@ -59,12 +60,12 @@ fn text(out: &mut impl Write, inspector: &Inspector, s: &Summary) -> std::io::Re
     writeln!(out, "store               {}", inspector.dir().display())?;
     writeln!(
         out,
-        "records             {} (in progress {}, completed {}, tombstones {})",
-        s.records, s.in_progress, s.completed, s.tombstones
+        "records             {} (in progress {}, completed {}, of which tombstones {}) in {} partitions",
+        s.records, s.in_progress, s.completed, s.tombstones, s.partitions
     )?;
     writeln!(
         out,
-        "awaiting eviction   {} completed past their TTL",
+        "awaiting eviction   {} in partitions whose TTLs have all passed",
         s.expired
     )?;
     writeln!(

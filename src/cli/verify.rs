@@ -31,7 +31,7 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<Outcome, Fail> {
                 "pending_frames": v.pending_frames,
                 "torn_tail": v.torn_tail.as_ref().map(|(s, o)| json!({"segment": s, "offset": o})),
                 "records": v.records,
-                "index_entries": v.index_entries,
+                "partitions": v.partitions,
                 "tables_in_log": v.tables_in_log,
                 "problems": v.problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
             }),
@@ -50,10 +50,10 @@ pub(crate) fn run(args: &VerifyArgs) -> Result<Outcome, Fail> {
             )?;
             writeln!(
                 out,
-                "database  opens ({}); {} records, {} index entries checked",
+                "database  opens ({}); {} records, {} partitions checked",
                 closed(&inspector),
                 v.records,
-                v.index_entries
+                v.partitions
             )?;
             writeln!(
                 out,

@@ -48,9 +48,14 @@ pub(crate) use self::watchers::HoldToken;
 #[cfg(feature = "cli")]
 pub(crate) mod layout {
     pub(crate) use super::tables::layout::{
-        EXPIRY, FORMAT_VERSION, LEASES, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
-        META_NEXT_FENCE, RECORDS, TOMBSTONES, format_supported, index_key, split_index_key,
+        CLAIMS, DONE, FORMAT_VERSION, META, META_FILTER_KEY, META_FORMAT, META_LOG_CHECKPOINT,
+        META_LOG_SEGMENT, META_NEXT_FENCE, PARTITIONS, format_supported,
     };
+    pub(crate) use super::tables::partitions::hash::KeyHasher;
+    pub(crate) use super::tables::partitions::info::{
+        Info as PartitionInfo, Stage as PartitionStage,
+    };
+    pub(crate) use super::tables::partitions::{done_key, partition_bounds, split_done_key};
 }
 
 /// The write requests the facades build, one constructor per operation.
@@ -80,9 +85,10 @@ use crate::wal::RecoveryReport;
 
 use self::counters::Counters;
 use self::poison::Poison;
-use self::reads::overlay::Overlay;
 use self::tables::database::DbSlot;
 use self::tables::layout::InternalTables;
+use self::tables::overlay::Overlay;
+use self::tables::partitions::Partitions;
 use self::tables::registry::Registry;
 use self::writer::Writer;
 use self::writer::job::Job;
@@ -106,6 +112,8 @@ pub(crate) struct Shared {
     pub(crate) pace: Arc<Pace>,
     /// Records acknowledged but not yet published to redb.
     pub(crate) overlay: Arc<Overlay>,
+    /// The partitions of completed records, and their filters.
+    pub(crate) partitions: Arc<Partitions>,
     /// Claims held and callers waiting, per scope, in this process.
     pub(crate) watchers: Arc<watchers::Watchers>,
     /// What the last recovery (at open, or in place) found in the log.
@@ -148,15 +156,22 @@ impl Engine {
         let db = recovery::guarded(&storage, || {
             storage.database(config.memory().redb_cache, &db_watch)
         })?;
-        recovery::guarded(&storage, || {
-            tables::meta::set_up(&db, &registry, &storage.db_path())
-        })?;
-        // Replay whatever the log holds past the checkpoint, in either durability mode: a store
-        // last opened with the log must not lose it when reopened without.
-        let caught_up = recovery::guarded(&storage, || {
-            recovery::catch_up::catch_up(&db, &registry, &storage, &config, None)
-        })?;
-        log_opened(&caught_up.report);
+        let (caught_up, partitions) = match prepare(&storage, &config, &registry, &db) {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                if db_watch.failed() {
+                    // A sync of the file failed while it was set up, caught up or moved: its
+                    // cached pages may never reach the disk, and the next open would read them
+                    // back. Rewritten from what reads return, the file is a sound one again
+                    // (the last commit whose header landed, or the one before it).
+                    drop(db);
+                    if let Err(rewrite) = storage.rewrite_database() {
+                        tracing::error!(error = %rewrite, "rewriting the database after a failed sync at open failed; the next open tries again");
+                    }
+                }
+                return Err(e);
+            }
+        };
 
         let config = Arc::new(config);
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
@@ -169,6 +184,7 @@ impl Engine {
             counters: Arc::default(),
             pace: Arc::default(),
             overlay: Arc::default(),
+            partitions: Arc::new(partitions),
             watchers: Arc::default(),
             recovery: Arc::new(Mutex::new(caught_up.report)),
             db_watch,
@@ -230,6 +246,31 @@ impl Engine {
             max_checkpoint_bytes: config.max_checkpoint_bytes,
         }
     }
+}
+
+/// Every step of opening that writes the file: its tables and metadata, the log replayed into
+/// it, an older format moved to this one, and the partitions read back.
+fn prepare(
+    storage: &Storage,
+    config: &Config,
+    registry: &Registry,
+    db: &redb::Database,
+) -> Result<(recovery::catch_up::CaughtUp, Partitions), OpenError> {
+    recovery::guarded(storage, || {
+        tables::meta::set_up(db, registry, &storage.db_path())
+    })?;
+    // Replay whatever the log holds past the checkpoint, in either durability mode: a store
+    // last opened with the log must not lose it when reopened without.
+    let caught_up = recovery::guarded(storage, || {
+        recovery::catch_up::catch_up(db, registry, storage, config, None)
+    })?;
+    log_opened(&caught_up.report);
+    // A store of an older format is moved to this one now that its log is in redb.
+    let caught_up = recovery::guarded(storage, || {
+        recovery::migrate::if_needed(db, config, caught_up)
+    })?;
+    let partitions = recovery::guarded(storage, || recovery::partitions::open(db, config))?;
+    Ok((caught_up, partitions))
 }
 
 /// Says what opening found in the log.

@@ -72,7 +72,7 @@ fn run(engine: &Weak<Engine>, stopped: &Receiver<()>, interval: Duration, batch:
             return;
         };
         for _ in 0..MAX_BATCHES_PER_TICK {
-            match engine.sweep(batch) {
+            match engine.evict(batch) {
                 Ok(evicted) if evicted.backlog == Backlog::More => {}
                 // Done, or failing: a failure is the store's to report (it is poisoned or
                 // closed), and the next tick tries again.

@@ -7,31 +7,23 @@ use crate::model::maintenance::{Compacted, Evicted};
 use crate::wal::RecoveryReport;
 
 use super::Engine;
-use crate::engine::requests::{self, Reach};
+use crate::engine::requests;
 
 /// redb compacts in passes; more than this many passes that all moved something is unusual.
 const COMPACTION_PASSES: usize = 16;
 
 impl Engine {
-    /// Evicts up to `limit` expired records, everything due (the store's `evict_expired`).
+    /// Evicts up to `limit` records that are gone (the store's `evict_expired`, and the
+    /// sweeper's pass).
     pub(crate) fn evict(&self, limit: usize) -> Result<Evicted, StoreError> {
-        self.evict_reaching(limit, Reach::Due)
-    }
-
-    /// The sweeper's pass: up to `limit` records past the sweep grace.
-    pub(crate) fn sweep(&self, limit: usize) -> Result<Evicted, StoreError> {
-        self.evict_reaching(limit, Reach::PastGrace)
-    }
-
-    fn evict_reaching(&self, limit: usize, reach: Reach) -> Result<Evicted, StoreError> {
-        let evicted = self.run(requests::evict(limit, reach))??;
+        let evicted = self.run(requests::evict(limit))??;
         Ok(self.evicted(evicted))
     }
 
     /// [`Engine::evict`] for async callers.
     #[cfg(feature = "tokio")]
     pub(crate) async fn evict_async(&self, limit: usize) -> Result<Evicted, StoreError> {
-        let evicted = self.run_async(requests::evict(limit, Reach::Due)).await??;
+        let evicted = self.run_async(requests::evict(limit)).await??;
         Ok(self.evicted(evicted))
     }
 

@@ -84,6 +84,17 @@ pub enum OpenError {
         /// What is wrong with it.
         detail: String,
     },
+    /// A store of an older format could not be moved to this build's format; it was left as
+    /// it was.
+    #[error(
+        "the store of format {from} could not be moved to the current format ({detail}); it is unchanged: open it with the build that wrote it, or run `idemstore verify` on it"
+    )]
+    Migrate {
+        /// The format the store has.
+        from: u32,
+        /// What stopped the move.
+        detail: String,
+    },
     /// The write-ahead log could not be replayed.
     #[error(transparent)]
     Recovery(#[from] super::RecoveryError),

@@ -72,6 +72,17 @@ pub enum InspectError {
         /// The newest version this build reads.
         supported: u32,
     },
+    /// The store is of an older format, which the store moves to the current one the next
+    /// time it is opened for writing; this build reads only the current format.
+    #[error(
+        "the store is in format version {found}, which this build reads only after moving it to version {current}: open it once with this build (the service, or `idemstore evict`, does it), then inspect it"
+    )]
+    OlderFormat {
+        /// The version found.
+        found: u64,
+        /// The version this build reads (and moves older stores to).
+        current: u32,
+    },
     /// The write-ahead log cannot be read back (damage in the middle, a missing segment, a
     /// segment of another format): the message names the segment and offset.
     #[error(transparent)]

@@ -11,7 +11,8 @@ use redb::{
 };
 
 use crate::engine::layout::{
-    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, format_supported,
+    DONE, FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
+    format_supported, partition_bounds, split_done_key,
 };
 use crate::error::{Holder, RecoveryError};
 use crate::model::clock::{Clock, SystemClock, Timestamp};
@@ -145,6 +146,12 @@ impl Inspector {
             return Err(InspectError::UnsupportedFormat {
                 found: format,
                 supported: FORMAT_VERSION,
+            });
+        }
+        if format < u64::from(FORMAT_VERSION) {
+            return Err(InspectError::OlderFormat {
+                found: format,
+                current: FORMAT_VERSION,
             });
         }
         let checkpoint = meta_u64(
@@ -329,6 +336,50 @@ impl Inspector {
             }
         }
         Ok(())
+    }
+
+    /// The partitions that hold records, ascending (the log's frames past the checkpoint
+    /// included): one seek a partition in the file.
+    pub(super) fn partition_numbers(
+        &self,
+        txn: &ReadTransaction,
+    ) -> Result<Vec<u32>, InspectError> {
+        let mut numbers = std::collections::BTreeSet::new();
+        if let Some(done) = self.table(txn, DONE)? {
+            let mut from: Vec<u8> = Vec::new();
+            loop {
+                let first = done
+                    .range::<&[u8]>(from.as_slice()..)
+                    .map_err(|e| self.db_error(e))?
+                    .next();
+                let Some(first) = first else { break };
+                let (key, _) = first.map_err(|e| self.db_error(e))?;
+                let Some((number, _)) = split_done_key(key.value()) else {
+                    break;
+                };
+                numbers.insert(number);
+                match partition_bounds(number).1 {
+                    Some(next) => from = next,
+                    None => break,
+                }
+            }
+        }
+        let logged = self.overlay().and_then(|o| o.get(DONE));
+        for (key, value) in logged.into_iter().flatten() {
+            if let (Some((number, _)), Some(_)) = (split_done_key(key), value) {
+                numbers.insert(number);
+            }
+        }
+        Ok(numbers.into_iter().collect())
+    }
+
+    /// A meta entry's bytes, the log past the checkpoint included.
+    pub(super) fn meta_bytes(
+        &self,
+        txn: &ReadTransaction,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, InspectError> {
+        self.get(txn, META, key)
     }
 
     /// A meta entry, the log past the checkpoint included.

@@ -1,9 +1,9 @@
-//! Records and their counts, read through the indexes of the read-only view.
+//! Records and their counts, read from the claims and the partitions of the read-only view.
 
 use std::time::Duration;
 
 use crate::engine::layout::{
-    EXPIRY, LEASES, META_NEXT_FENCE, RECORDS, TOMBSTONES, split_index_key,
+    CLAIMS, DONE, META_NEXT_FENCE, PARTITIONS, PartitionInfo, split_done_key,
 };
 use crate::model::clock::Timestamp;
 use crate::model::record::{Record, RecordState};
@@ -20,22 +20,13 @@ use super::open::{FrameAt, Inspector};
 pub enum StateFilter {
     /// Claims held, or abandoned by a crashed attempt; listed by lease end.
     InProgress,
-    /// Completed records with their response; listed by expiry.
+    /// Completed records with their response; listed oldest partition first.
     Completed,
-    /// Markers left after a response was evicted; listed by when they go.
+    /// Markers left after a response was evicted; listed oldest partition first.
     Tombstone,
 }
 
 impl StateFilter {
-    /// The index that lists records of this state.
-    fn index(self) -> &'static str {
-        match self {
-            StateFilter::InProgress => LEASES,
-            StateFilter::Completed => EXPIRY,
-            StateFilter::Tombstone => TOMBSTONES,
-        }
-    }
-
     fn matches(self, state: &RecordState) -> bool {
         matches!(
             (self, state),
@@ -79,10 +70,15 @@ pub struct Summary {
     pub in_progress: u64,
     /// Completed records (those past their TTL that eviction has not reached included).
     pub completed: u64,
-    /// Completed records past their expiry, waiting for eviction.
+    /// Completed records in partitions whose every TTL has passed, waiting for eviction (from
+    /// the sealed partitions' rows: records of the open partition past their TTL are not
+    /// counted).
     pub expired: u64,
-    /// Tombstones.
+    /// Tombstones, as the sealed partitions' rows count them (those of the open partition are
+    /// not counted).
     pub tombstones: u64,
+    /// Partitions of completed records.
+    pub partitions: u64,
     /// Age of the oldest in-progress record (since its first claim), if any.
     pub oldest_in_progress: Option<Duration>,
     /// Size of the database file.
@@ -106,61 +102,88 @@ pub struct Summary {
 
 impl Inspector {
     /// The record of `scope` as stored (a completed record past its TTL is shown as it is,
-    /// not as a tombstone); `None` if there is none.
+    /// not as a tombstone); `None` if there is none. A store looks in the claims first, then
+    /// in the partitions, newest first: so does this.
     ///
     /// # Errors
     /// [`InspectError`] if the database cannot be read or the record is damaged.
     pub fn record(&self, scope: &Scope) -> Result<Option<Record>, InspectError> {
         let txn = self.read_txn()?;
-        self.get(&txn, RECORDS, scope.encode())?
-            .map(|bytes| decode(scope.encode(), &bytes))
-            .transpose()
+        Ok(self
+            .located(&txn, scope.encode())?
+            .map(|(_, record)| record))
     }
 
-    /// Records of one state, in index order (oldest lease, expiry or tombstone end first),
-    /// filtered and at most `filter.limit`.
+    /// The record a lookup of `scope` finds, with the partition it is in (`None` for a claim).
+    fn located(
+        &self,
+        txn: &redb::ReadTransaction,
+        scope: &[u8],
+    ) -> Result<Option<(Option<u32>, Record)>, InspectError> {
+        if let Some(bytes) = self.get(txn, CLAIMS, scope)? {
+            return Ok(Some((None, decode(scope, &bytes)?)));
+        }
+        for number in self.partition_numbers(txn)?.into_iter().rev() {
+            let key = crate::engine::layout::done_key(number, scope);
+            if let Some(bytes) = self.get(txn, DONE, &key)? {
+                return Ok(Some((Some(number), decode(scope, &bytes)?)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Records of one state, filtered and at most `filter.limit`: claims by lease end,
+    /// completed records and tombstones oldest partition first. A record hidden by a newer
+    /// one of the same scope (its key was claimed again once it was gone) is left out.
     ///
     /// # Errors
     /// [`InspectError`] if the database cannot be read or a record is damaged.
     pub fn records(&self, filter: &Filter) -> Result<Vec<Entry>, InspectError> {
         let txn = self.read_txn()?;
-        let mut out = Vec::new();
         if filter.limit == 0 {
+            return Ok(Vec::new());
+        }
+        if filter.state == StateFilter::InProgress {
+            let mut claims = Vec::new();
+            self.for_each(&txn, CLAIMS, |scope, bytes| {
+                claims.push((scope.to_vec(), bytes.to_vec()));
+                Ok(true)
+            })?;
+            let mut out = Vec::new();
+            for (scope_bytes, bytes) in claims {
+                if let Some(entry) =
+                    self.listed(filter, &scope_bytes, decode(&scope_bytes, &bytes)?)
+                {
+                    out.push(entry);
+                }
+            }
+            out.sort_by_key(|e| match e.record.state() {
+                RecordState::InProgress { lease_until, .. } => *lease_until,
+                _ => Timestamp::from_millis(u64::MAX),
+            });
+            out.truncate(filter.limit);
             return Ok(out);
         }
+        let mut out = Vec::new();
         let mut failure = None;
-        self.for_each(&txn, filter.state.index(), |key, _| {
-            let Some((_, scope_bytes)) = split_index_key(key) else {
+        self.for_each(&txn, DONE, |key, bytes| {
+            let Some((number, scope_bytes)) = split_done_key(key) else {
                 return Ok(true);
             };
-            let Ok(scope) = Scope::decode(scope_bytes) else {
-                return Ok(true);
-            };
-            if filter
-                .tenant
-                .as_deref()
-                .is_some_and(|t| t != scope.tenant())
-            {
-                return Ok(true);
-            }
-            let Some(bytes) = self.get(&txn, RECORDS, scope_bytes)? else {
-                return Ok(true);
-            };
-            let record = match decode(scope_bytes, &bytes) {
+            let record = match decode(scope_bytes, bytes) {
                 Ok(record) => record,
                 Err(e) => {
                     failure = Some(e);
                     return Ok(false);
                 }
             };
-            if !filter.state.matches(record.state()) {
+            let Some(entry) = self.listed(filter, scope_bytes, record) else {
                 return Ok(true);
+            };
+            // Only the record a lookup finds: not one hidden by a newer claim or partition.
+            if matches!(self.located(&txn, scope_bytes)?, Some((Some(at), _)) if at == number) {
+                out.push(entry);
             }
-            let age = self.now.saturating_since(record.created_at());
-            if filter.older_than.is_some_and(|min| age < min) {
-                return Ok(true);
-            }
-            out.push(Entry { scope, record });
             Ok(out.len() < filter.limit)
         })?;
         match failure {
@@ -169,35 +192,59 @@ impl Inspector {
         }
     }
 
+    /// The entry for a record if `filter` lists it.
+    fn listed(&self, filter: &Filter, scope_bytes: &[u8], record: Record) -> Option<Entry> {
+        let scope = Scope::decode(scope_bytes).ok()?;
+        if filter
+            .tenant
+            .as_deref()
+            .is_some_and(|t| t != scope.tenant())
+        {
+            return None;
+        }
+        if !filter.state.matches(record.state()) {
+            return None;
+        }
+        let age = self.now.saturating_since(record.created_at());
+        if filter.older_than.is_some_and(|min| age < min) {
+            return None;
+        }
+        Some(Entry { scope, record })
+    }
+
     /// Records by state, sizes, the checkpoint, and what a replay would find.
     ///
-    /// Counts come from the indexes (constant time); the oldest in-progress age reads every
-    /// in-progress record.
+    /// Counts come from the tables' lengths and the sealed partitions' rows; the oldest
+    /// in-progress age reads every claim.
     ///
     /// # Errors
     /// [`InspectError`] if the database or the log directory cannot be read.
     pub fn summary(&self) -> Result<Summary, InspectError> {
         let txn = self.read_txn()?;
         let mut oldest: Option<Timestamp> = None;
-        self.for_each(&txn, LEASES, |key, _| {
-            if let Some((_, scope)) = split_index_key(key)
-                && let Some(bytes) = self.get(&txn, RECORDS, scope)?
-                && let Ok(record) = decode(scope, &bytes)
-            {
+        self.for_each(&txn, CLAIMS, |scope, bytes| {
+            if let Ok(record) = decode(scope, bytes) {
                 let created = record.created_at();
                 oldest = Some(oldest.map_or(created, |o| o.min(created)));
             }
             Ok(true)
         })?;
-        let mut expired = 0u64;
-        self.for_each(&txn, EXPIRY, |key, _| {
-            match split_index_key(key) {
-                Some((at, _)) if at <= self.now => expired += 1,
-                Some(_) => return Ok(false), // index order is time order
-                None => {}
+        let (mut expired, mut tombstones) = (0u64, 0u64);
+        let partitions = self.partition_numbers(&txn)?;
+        for &number in &partitions {
+            let Some(row) = self.get(&txn, PARTITIONS, &number.to_be_bytes())? else {
+                continue;
+            };
+            let Ok((info, _)) = PartitionInfo::decode(&row) else {
+                continue;
+            };
+            tombstones += info.tombstones;
+            if info.stage == crate::engine::layout::PartitionStage::Sealed
+                && info.max_expires <= self.now
+            {
+                expired += info.records.saturating_sub(info.tombstones);
             }
-            Ok(true)
-        })?;
+        }
         let (mut log_bytes, mut segments) = (0, 0);
         if let Some(log) = &self.log {
             use crate::storage::LogDir;
@@ -222,12 +269,14 @@ impl Inspector {
             .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
             .map(|d| Timestamp::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)));
         let pending = self.pending.as_ref().ok();
+        let (in_progress, completed) = (self.len(&txn, CLAIMS)?, self.len(&txn, DONE)?);
         Ok(Summary {
-            records: self.len(&txn, RECORDS)?,
-            in_progress: self.len(&txn, LEASES)?,
-            completed: self.len(&txn, EXPIRY)?,
+            records: in_progress + completed,
+            in_progress,
+            completed,
             expired,
-            tombstones: self.len(&txn, TOMBSTONES)?,
+            tombstones,
+            partitions: partitions.len() as u64,
             oldest_in_progress: oldest.map(|created| self.now.saturating_since(created)),
             db_bytes: file.len(),
             log_bytes,

@@ -1,10 +1,13 @@
-//! `verify`: the log's frames, the database, the indexes against the records, and the tables
-//! the log writes, each problem named.
+//! `verify`: the log's frames, the database, each record in the table of its state, the
+//! partitions' rows against their records, and the tables the log writes, each problem named.
+
+use std::collections::BTreeMap;
 
 use redb::{ReadTransaction, TableHandle};
 
 use crate::engine::layout::{
-    EXPIRY, LEASES, META_NEXT_FENCE, RECORDS, TOMBSTONES, index_key, split_index_key,
+    CLAIMS, DONE, KeyHasher, META_FILTER_KEY, META_NEXT_FENCE, PARTITIONS, PartitionInfo,
+    split_done_key,
 };
 use crate::error::RecoveryError;
 use crate::model::clock::Timestamp;
@@ -52,27 +55,31 @@ pub enum Problem {
         /// What is wrong.
         detail: String,
     },
-    /// A record has no entry in the index of its state.
-    #[error("record {scope} is {state} but {index} has no entry for it at {at}")]
-    MissingIndexEntry {
+    /// A record in the table of another state: a claim that is not in progress, or a
+    /// partition's record that is.
+    #[error("record {scope} is {state} but is stored in {table}")]
+    Misplaced {
         /// The record's scope.
         scope: String,
         /// Its state.
         state: &'static str,
-        /// The index that should list it.
-        index: &'static str,
-        /// The time the entry should have (ms since the epoch).
-        at: Timestamp,
+        /// The table it is in.
+        table: &'static str,
     },
-    /// An index entry whose record is missing or says otherwise.
-    #[error("{index} entry for {scope} at {at}: {detail}")]
-    OrphanIndexEntry {
-        /// The index.
-        index: &'static str,
-        /// The scope the entry names.
-        scope: String,
-        /// The entry's time.
-        at: Timestamp,
+    /// A key that is not a scope (or, in `idemstore.done`, a partition and a scope).
+    #[error("{table} holds a malformed key {key:?}")]
+    MalformedKey {
+        /// The table.
+        table: &'static str,
+        /// The key's bytes.
+        key: Vec<u8>,
+    },
+    /// A sealed partition's row does not cover its records: a lookup or an eviction that
+    /// trusts it could miss a record, or drop it too early.
+    #[error("partition {partition}: {detail}")]
+    Partition {
+        /// The partition's number.
+        partition: u32,
         /// What is wrong.
         detail: String,
     },
@@ -116,8 +123,8 @@ pub struct Verification {
     pub torn_tail: Option<(String, u64)>,
     /// Records read.
     pub records: u64,
-    /// Index entries read.
-    pub index_entries: u64,
+    /// Partitions checked against their rows.
+    pub partitions: u64,
     /// Business tables the log past the checkpoint writes.
     pub tables_in_log: usize,
     /// Everything wrong; empty for a sound store.
@@ -131,24 +138,25 @@ impl Verification {
     }
 }
 
-/// The index a record of this state must be in, and at what time.
-fn index_of(record: &Record) -> (&'static str, Timestamp) {
-    match record.state() {
-        RecordState::InProgress { lease_until, .. } => (LEASES, *lease_until),
-        RecordState::Completed { expires_at, .. } => (EXPIRY, *expires_at),
-        RecordState::Tombstone { until, .. } => (TOMBSTONES, *until),
-    }
-}
-
 fn scope_text(bytes: &[u8]) -> String {
     Scope::decode(bytes).map_or_else(|_| format!("{bytes:?}"), |s| s.to_string())
 }
 
+/// What one partition holds, as `verify` reads it.
+#[derive(Debug, Default)]
+struct Held {
+    records: u64,
+    max_expires: Timestamp,
+    max_until: Timestamp,
+    scopes: Vec<Vec<u8>>,
+}
+
 impl Inspector {
     /// Checks the store: every log frame's checksum and order, that the log past the
-    /// checkpoint reads back, that every record decodes and has its index entry and every
-    /// index entry its record, that fences are below the next fence, and that the business
-    /// tables the log writes exist. Open with [`LogDamage::Report`](super::LogDamage::Report)
+    /// checkpoint reads back, that every record decodes and is in the table of its state,
+    /// that each sealed partition's row covers its records (their count, their times, and
+    /// its filter holding their keys), that fences are below the next fence, and that the
+    /// business tables the log writes exist. Open with [`LogDamage::Report`](super::LogDamage::Report)
     /// so that a damaged log is a problem found, not an error.
     ///
     /// # Errors
@@ -165,96 +173,184 @@ impl Inspector {
                 None
             }
         };
-        self.verify_records(&txn, next_fence, &mut v)?;
-        for index in [LEASES, EXPIRY, TOMBSTONES] {
-            self.verify_index(&txn, index, &mut v)?;
-        }
+        self.verify_claims(&txn, next_fence, &mut v)?;
+        let partitions = self.verify_done(&txn, next_fence, &mut v)?;
+        self.verify_rows(&txn, &partitions, &mut v)?;
         self.verify_tables(&txn, &mut v)?;
         Ok(v)
     }
 
-    /// Every record decodes, has the entry of its state's index, and a fence below
-    /// `next_fence` (when that could be read).
-    fn verify_records(
+    /// A record read: it decodes, and its fence is below `next_fence` (when that could be
+    /// read). `None` if it is damaged (a problem then).
+    fn check_record(
+        &self,
+        scope: &[u8],
+        bytes: &[u8],
+        next_fence: Option<u64>,
+        v: &mut Verification,
+    ) -> Option<Record> {
+        v.records += 1;
+        let record = match decode(scope, bytes) {
+            Ok(record) => record,
+            Err(e) => {
+                v.problems.push(Problem::CorruptRecord {
+                    scope: scope_text(scope),
+                    detail: e.to_string(),
+                });
+                return None;
+            }
+        };
+        if let Some(next_fence) = next_fence
+            && record.fence() >= next_fence
+        {
+            v.problems.push(Problem::Fence {
+                scope: scope_text(scope),
+                fence: record.fence(),
+                next_fence,
+            });
+        }
+        Some(record)
+    }
+
+    /// Every claim decodes and is in progress.
+    fn verify_claims(
         &self,
         txn: &ReadTransaction,
         next_fence: Option<u64>,
         v: &mut Verification,
     ) -> Result<(), InspectError> {
-        self.for_each(txn, RECORDS, |scope, bytes| {
-            v.records += 1;
-            let record = match decode(scope, bytes) {
-                Ok(record) => record,
-                Err(e) => {
-                    v.problems.push(Problem::CorruptRecord {
-                        scope: scope_text(scope),
-                        detail: e.to_string(),
-                    });
-                    return Ok(true);
-                }
-            };
-            let (index, at) = index_of(&record);
-            if self.get(txn, index, &index_key(at, scope))?.is_none() {
-                v.problems.push(Problem::MissingIndexEntry {
-                    scope: scope_text(scope),
-                    state: record.state().name(),
-                    index,
-                    at,
+        self.for_each(txn, CLAIMS, |scope, bytes| {
+            if Scope::decode(scope).is_err() {
+                v.problems.push(Problem::MalformedKey {
+                    table: CLAIMS,
+                    key: scope.to_vec(),
                 });
             }
-            if let Some(next_fence) = next_fence
-                && record.fence() >= next_fence
+            if let Some(record) = self.check_record(scope, bytes, next_fence, v)
+                && !matches!(record.state(), RecordState::InProgress { .. })
             {
-                v.problems.push(Problem::Fence {
+                v.problems.push(Problem::Misplaced {
                     scope: scope_text(scope),
-                    fence: record.fence(),
-                    next_fence,
+                    state: record.state().name(),
+                    table: CLAIMS,
                 });
             }
             Ok(true)
         })
     }
 
-    /// Every entry of `index` names a record that belongs there, at that time.
-    fn verify_index(
+    /// Every partition's record decodes and is completed or a tombstone; answers what each
+    /// partition holds, for its row to be checked against.
+    fn verify_done(
         &self,
         txn: &ReadTransaction,
-        index: &'static str,
+        next_fence: Option<u64>,
         v: &mut Verification,
-    ) -> Result<(), InspectError> {
-        self.for_each(txn, index, |key, _| {
-            v.index_entries += 1;
-            let Some((at, scope)) = split_index_key(key) else {
-                v.problems.push(Problem::OrphanIndexEntry {
-                    index,
-                    scope: format!("{key:?}"),
-                    at: Timestamp::default(),
-                    detail: "the key is shorter than a timestamp".into(),
+    ) -> Result<BTreeMap<u32, Held>, InspectError> {
+        let mut held: BTreeMap<u32, Held> = BTreeMap::new();
+        self.for_each(txn, DONE, |key, bytes| {
+            let Some((number, scope)) =
+                split_done_key(key).filter(|(_, s)| Scope::decode(s).is_ok())
+            else {
+                v.problems.push(Problem::MalformedKey {
+                    table: DONE,
+                    key: key.to_vec(),
                 });
                 return Ok(true);
             };
-            let orphan = |detail: String| Problem::OrphanIndexEntry {
-                index,
-                scope: scope_text(scope),
-                at,
-                detail,
+            let Some(record) = self.check_record(scope, bytes, next_fence, v) else {
+                return Ok(true);
             };
-            match self.get(txn, RECORDS, scope)? {
-                None => v.problems.push(orphan("there is no record".into())),
-                Some(bytes) => {
-                    if let Ok(record) = decode(scope, &bytes)
-                        && index_of(&record) != (index, at)
-                    {
-                        let (its_index, its_at) = index_of(&record);
-                        v.problems.push(orphan(format!(
-                            "the record is {} and belongs in {its_index} at {its_at}",
-                            record.state().name()
-                        )));
-                    }
+            let partition = held.entry(number).or_default();
+            partition.records += 1;
+            partition.scopes.push(scope.to_vec());
+            match record.state() {
+                RecordState::Completed { expires_at, .. } => {
+                    partition.max_expires = partition.max_expires.max(*expires_at);
                 }
+                RecordState::Tombstone { until, .. } => {
+                    partition.max_until = partition.max_until.max(*until);
+                }
+                RecordState::InProgress { .. } => v.problems.push(Problem::Misplaced {
+                    scope: scope_text(scope),
+                    state: record.state().name(),
+                    table: DONE,
+                }),
             }
             Ok(true)
-        })
+        })?;
+        Ok(held)
+    }
+
+    /// Each sealed partition's row decodes and covers what the partition holds. A partition
+    /// without a row is read whole when the store opens: not a problem.
+    fn verify_rows(
+        &self,
+        txn: &ReadTransaction,
+        held: &BTreeMap<u32, Held>,
+        v: &mut Verification,
+    ) -> Result<(), InspectError> {
+        let hasher = match self.meta_bytes(txn, META_FILTER_KEY)? {
+            Some(key) => match <[u8; 16]>::try_from(key.as_slice()) {
+                Ok(key) => Some(KeyHasher::new(key)),
+                Err(_) => {
+                    v.problems.push(Problem::Meta(format!(
+                        "the filter key has {} bytes where 16 are expected",
+                        key.len()
+                    )));
+                    None
+                }
+            },
+            None => {
+                v.problems
+                    .push(Problem::Meta("the filter key is missing".into()));
+                None
+            }
+        };
+        for (&number, partition) in held {
+            v.partitions += 1;
+            let Some(row) = self.get(txn, PARTITIONS, &number.to_be_bytes())? else {
+                continue;
+            };
+            let problem = |detail: String| Problem::Partition {
+                partition: number,
+                detail,
+            };
+            let (info, filter) = match PartitionInfo::decode(&row) {
+                Ok(decoded) => decoded,
+                Err(detail) => {
+                    v.problems
+                        .push(problem(format!("its row does not decode ({detail})")));
+                    continue;
+                }
+            };
+            if info.records < partition.records {
+                v.problems.push(problem(format!(
+                    "its row counts {} records, it holds {}",
+                    info.records, partition.records
+                )));
+            }
+            if info.max_expires < partition.max_expires || info.max_until < partition.max_until {
+                v.problems.push(problem(format!(
+                    "its row says its records are gone by {}, a record lasts until {}",
+                    info.max_expires.max(info.max_until),
+                    partition.max_expires.max(partition.max_until)
+                )));
+            }
+            if let Some(hasher) = &hasher {
+                let missing = partition
+                    .scopes
+                    .iter()
+                    .filter(|scope| !filter.may_contain(hasher.hash(scope)))
+                    .count();
+                if missing > 0 {
+                    v.problems.push(problem(format!(
+                        "its filter misses {missing} of its keys: lookups would not find them"
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Every business table the log past the checkpoint writes exists in the database.

@@ -41,8 +41,9 @@ pub enum Sweep {
     Off,
     /// Every `interval`, evict expired records in batches of `batch` until none is due (at
     /// most 100 batches a tick, so other requests are not held up for long). The embedded
-    /// store's sweeper first leaves them a grace
-    /// ([`Builder::sweep_grace`](crate::Builder::sweep_grace)); the PostgreSQL one does not.
+    /// store removes records a partition at a time, once every record in it is gone (see
+    /// [`Store::evict_expired`](crate::Store::evict_expired)); the PostgreSQL one removes
+    /// each record once its TTL has passed.
     Every {
         /// Time between passes.
         interval: Duration,
@@ -139,9 +140,6 @@ pub(crate) struct Config {
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
     pub(crate) sweep: Sweep,
-    /// How long past its time a record is left for writes beside it to remove, before the
-    /// sweeper does; `None` is a quarter of the TTL (see [`Config::sweep_grace`]).
-    pub(crate) sweep_grace: Option<Duration>,
     pub(crate) self_heal: SelfHeal,
     pub(crate) loose_permissions: LoosePermissions,
     pub(crate) memory_budget: usize,
@@ -163,7 +161,6 @@ impl Default for Config {
             checkpoint_bytes: 48 * 1024 * 1024,
             checkpoint_interval: Duration::from_secs(2),
             sweep: Sweep::default(),
-            sweep_grace: None,
             self_heal: SelfHeal::default(),
             loose_permissions: LoosePermissions::default(),
             memory_budget: DEFAULT_MEMORY_BUDGET,
@@ -179,10 +176,11 @@ impl Config {
         MemoryShares::of(self.memory_budget)
     }
 
-    /// How long the background sweeper leaves a record after it is gone (past its TTL and any
-    /// tombstone time) before removing it itself: the set value, or a quarter of the TTL.
-    pub(crate) fn sweep_grace(&self) -> Duration {
-        self.sweep_grace.unwrap_or(self.ttl / 4)
+    /// How long the open partition takes completed records, from its first: an eighth of the
+    /// TTL (at least a millisecond). A record is removed with its partition, so it is kept up
+    /// to this much past its TTL; the partitions of one TTL are about eight at low rates.
+    pub(crate) fn partition_window(&self) -> Duration {
+        (self.ttl / 8).max(Duration::from_millis(1))
     }
 
     /// The first setting out of its range, in the order below.
@@ -208,11 +206,6 @@ impl Config {
                 "tombstone_ttl",
                 format!("{:?} is over 3650 days", self.tombstone_ttl),
             );
-        }
-        if let Some(grace) = self.sweep_grace
-            && grace > MAX_TTL
-        {
-            return invalid("sweep_grace", format!("{grace:?} is over 3650 days"));
         }
         if self.lease < Duration::from_millis(1) || self.lease > MAX_LEASE {
             return invalid(

@@ -41,16 +41,26 @@ pub(crate) struct MemoryShares {
     pub(crate) group: u64,
     /// Payload bytes after which the log thread stops adding groups to a frame.
     pub(crate) frame: u64,
+    /// Completed records the open partition takes before it is sealed: as many as fit half
+    /// the redb cache at about 256 bytes of page each (a power of two, 4,096 to 1,048,576), so
+    /// that the pages new records land on stay cached. 65,536 at the default budget.
+    pub(crate) partition_records: u64,
 }
 
 impl MemoryShares {
     pub(crate) fn of(budget: usize) -> Self {
         let eighth = (budget as u64 / 8).min(MAX_BATCH_SHARE);
+        let redb_cache = budget / 2;
+        let partition_records = ((redb_cache as u64 / 2) / 256)
+            .clamp(1 << 12, 1 << 20)
+            .next_power_of_two()
+            .min(1 << 20);
         MemoryShares {
-            redb_cache: budget / 2,
+            redb_cache,
             epoch: eighth,
             group: eighth,
             frame: eighth,
+            partition_records,
         }
     }
 }
@@ -68,6 +78,11 @@ mod tests {
             assert!(s.epoch > 0 && s.group > 0 && s.frame > 0);
         }
         assert_eq!(MemoryShares::of(DEFAULT_MEMORY_BUDGET).redb_cache, 32 << 20);
+        assert_eq!(
+            MemoryShares::of(DEFAULT_MEMORY_BUDGET).partition_records,
+            65_536
+        );
+        assert_eq!(MemoryShares::of(MIN_MEMORY_BUDGET).partition_records, 4_096);
         assert_eq!(MemoryShares::of(1 << 30).epoch, MAX_BATCH_SHARE);
     }
 }

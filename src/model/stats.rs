@@ -8,8 +8,8 @@ pub(crate) const GROUP_SIZE_BUCKETS: usize = 11;
 /// A store's state and activity, from [`Store::stats`](crate::Store::stats) (or, exact,
 /// [`Store::exact_stats`](crate::Store::exact_stats)).
 ///
-/// Records by state are read from the indexes (constant time); counters count since the store
-/// was opened in this process.
+/// Records by state are read from the tables' lengths (constant time); counters count since
+/// the store was opened in this process.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Stats {
@@ -19,7 +19,8 @@ pub struct Stats {
     pub in_progress: u64,
     /// Completed records, including ones past their TTL that eviction has not reached yet.
     pub completed: u64,
-    /// Tombstones (see `Builder::tombstone_ttl`).
+    /// Tombstones (see `Builder::tombstone_ttl`): completed records whose response eviction
+    /// removed.
     pub tombstones: u64,
     /// Age of the in-progress record whose lease ends first (normally the oldest work in
     /// progress; an extended lease can hide an older one). `None` if nothing is in progress.
@@ -88,4 +89,9 @@ pub struct Stats {
     pub memory_budget: usize,
     /// The share of it given to redb's page cache.
     pub redb_cache_bytes: usize,
+    /// Partitions of completed records (the embedded store; 0 elsewhere).
+    pub partitions: u64,
+    /// Memory the partitions' filters take, outside the budget: about 2 bytes a completed
+    /// record, and the open partition's filter whole (the embedded store; 0 elsewhere).
+    pub filter_bytes: u64,
 }

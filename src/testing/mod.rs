@@ -38,13 +38,12 @@ pub fn redb_cache_used_bytes(store: &crate::Store) -> Result<usize, crate::Store
     store.engine().redb_cache_used()
 }
 
-/// One pass of the background sweeper, run by hand: up to `limit` records that have been gone
-/// for longer than the sweep grace ([`Builder::sweep_grace`](crate::Builder::sweep_grace)).
-/// [`Store::evict_expired`](crate::Store::evict_expired) takes everything gone instead. For
-/// tests and benches that drive eviction with a manual clock.
+/// One pass of the background sweeper, run by hand: up to `limit` records, as
+/// [`Store::evict_expired`](crate::Store::evict_expired) removes them. For tests and benches
+/// that drive eviction with a manual clock.
 ///
 /// # Errors
 /// [`StoreError`](crate::StoreError) if storage fails or the store is poisoned.
 pub fn sweep_pass(store: &crate::Store, limit: usize) -> Result<crate::Evicted, crate::StoreError> {
-    store.engine().sweep(limit)
+    store.engine().evict(limit)
 }

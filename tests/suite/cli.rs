@@ -135,7 +135,7 @@ fn stats_counts_records_by_state_in_text_and_json() -> TestResult {
     assert_eq!(text.code, Some(0), "{}", text.stderr);
     assert!(
         text.stdout
-            .contains("records             4 (in progress 1, completed 3, tombstones 0)"),
+            .contains("records             4 (in progress 1, completed 3, of which tombstones 0) in 1 partitions"),
         "{}",
         text.stdout
     );
@@ -312,7 +312,7 @@ fn verify_passes_a_sound_store() -> TestResult {
     assert_eq!(r.code, Some(0), "{}{}", r.stdout, r.stderr);
     assert!(r.stdout.contains("ok: no problems found"), "{}", r.stdout);
     assert!(
-        r.stdout.contains("4 records, 4 index entries"),
+        r.stdout.contains("4 records, 1 partitions checked"),
         "{}",
         r.stdout
     );
@@ -321,10 +321,11 @@ fn verify_passes_a_sound_store() -> TestResult {
     Ok(())
 }
 
-/// Indexes damaged behind the store's back: a lease entry removed and an expiry entry added
-/// for no record. `verify` names both and exits 1.
+/// Tables damaged behind the store's back: an in-progress record moved into a partition, and
+/// a row for that partition that covers none of it (too few records, an expiry long past,
+/// an empty filter). `verify` names each and exits 1.
 #[test]
-fn verify_names_a_record_without_its_index_entry_and_an_entry_without_its_record() -> TestResult {
+fn verify_names_a_misplaced_record_and_a_row_that_does_not_cover_its_partition() -> TestResult {
     let tmp = tempfile::tempdir()?;
     let dir = tmp.path().join("idem");
     closed_store(&dir)?;
@@ -333,34 +334,40 @@ fn verify_names_a_record_without_its_index_entry_and_an_entry_without_its_record
         let txn = db.begin_write()?;
         {
             let raw = |name| TableDefinition::<&[u8], &[u8]>::new(name);
-            let mut leases = txn.open_table(raw("idemstore.leases"))?;
-            let key = leases
+            let mut claims = txn.open_table(raw("idemstore.claims"))?;
+            let (scope_bytes, record) = claims
                 .first()?
-                .map(|(k, _)| k.value().to_vec())
-                .ok_or("a lease")?;
-            leases.remove(key.as_slice())?;
-            let mut expiry = txn.open_table(raw("idemstore.expiry"))?;
-            let mut ghost = 5u64.to_be_bytes().to_vec();
-            ghost.extend_from_slice(scope("tenant-z", "ghost").encode());
-            expiry.insert(ghost.as_slice(), &[][..])?;
+                .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()))
+                .ok_or("a claim")?;
+            claims.remove(scope_bytes.as_slice())?;
+            let mut key = 0u32.to_be_bytes().to_vec();
+            key.extend_from_slice(&scope_bytes);
+            txn.open_table(raw("idemstore.done"))?
+                .insert(key.as_slice(), record.as_slice())?;
+            // A row (docs/design.md, "Partitions"): version 1, sealed, 1 record, first at 0,
+            // last expiry at 5 ms, no tombstone end, no tombstones, a filter of one empty block.
+            let mut row = vec![1u8, 1];
+            for word in [1u64, 0, 5, 0, 0] {
+                row.extend_from_slice(&word.to_le_bytes());
+            }
+            row.extend_from_slice(&1u32.to_le_bytes());
+            row.extend_from_slice(&[0u8; 64]);
+            txn.open_table(raw("idemstore.partitions"))?
+                .insert(0u32.to_be_bytes().as_slice(), row.as_slice())?;
         }
         txn.commit()?;
     }
     let r = run(&["verify", path(&dir)])?;
     assert_eq!(r.code, Some(1), "{}{}", r.stdout, r.stderr);
-    assert!(
-        r.stdout.contains(r#"record tenant-a/create_order/"stuck" is in-progress but idemstore.leases has no entry"#),
-        "{}",
-        r.stdout
-    );
-    assert!(
-        r.stdout.contains(
-            r#"idemstore.expiry entry for tenant-z/create_order/"ghost" at 5ms: there is no record"#
-        ),
-        "{}",
-        r.stdout
-    );
-    assert!(r.stdout.contains("FAILED: 2 problems"), "{}", r.stdout);
+    for problem in [
+        r#"record tenant-a/create_order/"stuck" is in-progress but is stored in idemstore.done"#,
+        "partition 0: its row counts 1 records, it holds 4",
+        "partition 0: its row says its records are gone by 5ms",
+        "partition 0: its filter misses 4 of its keys",
+    ] {
+        assert!(r.stdout.contains(problem), "{problem}\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("FAILED: 4 problems"), "{}", r.stdout);
     Ok(())
 }
 
@@ -452,7 +459,7 @@ fn read_commands_see_the_log_past_the_checkpoint_and_change_nothing() -> TestRes
     );
     assert!(
         dump.stdout
-            .contains(r#"idemstore.records put tenant-a/create_order/"c1""#),
+            .contains(r#"idemstore.done put p0 tenant-a/create_order/"c1""#),
         "{}",
         dump.stdout
     );
@@ -940,8 +947,10 @@ fn verify_names_a_damaged_record() -> TestResult {
     {
         let db = Database::create(dir.join("idemstore.redb"))?;
         let txn = db.begin_write()?;
-        txn.open_table(TableDefinition::<&[u8], &[u8]>::new("idemstore.records"))?
-            .insert(scope("tenant-a", "k1").encode(), &[1u8, 2, 3][..])?;
+        let mut key = 0u32.to_be_bytes().to_vec();
+        key.extend_from_slice(scope("tenant-a", "k1").encode());
+        txn.open_table(TableDefinition::<&[u8], &[u8]>::new("idemstore.done"))?
+            .insert(key.as_slice(), &[1u8, 2, 3][..])?;
         txn.commit()?;
     }
     let r = run(&["verify", path(&dir)])?;

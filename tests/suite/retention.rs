@@ -1,4 +1,4 @@
-//! Retention at scale and with tombstones: eviction in bounded batches through the index,
+//! Retention at scale and with tombstones: eviction in bounded batches a partition at a time,
 //! never touching in-progress work, and tombstones that answer `Expired`.
 
 use crate::common;
@@ -171,7 +171,7 @@ fn the_sweeper_evicts_on_its_own_and_stops_when_the_store_is_dropped() -> TestRe
     };
     let store = open()?;
     complete(&store, "k", 1_000)?;
-    // Past the TTL and the sweeper's default grace (a quarter of the TTL).
+    // Past the TTL of every record: their partition is all gone.
     clock.advance(TTL + TTL / 4);
     // The sweeper runs on its own schedule: poll for its effect, bounded.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -232,12 +232,16 @@ fn random_key(stream: u64, i: u64) -> String {
     format!("{:016x}", z ^ (z >> 31))
 }
 
-/// A key claimed for the first time removes the records that are gone among the few stored
-/// after it, in its own transaction; in-progress work beside it stays, and `evict_expired`
-/// finds exactly the rest. Every removal is counted once, and survives a crash (it is in the
-/// claim's log frame).
+/// The open partition takes records for an eighth of the TTL.
+const WINDOW: Duration = Duration::from_secs(TTL.as_secs() / 8);
+
+/// Random keys in two partitions, every tenth of the first abandoned: once the first
+/// partition is all gone, eviction removes exactly its completed records, in passes, and
+/// leaves the abandoned claims and the second partition alone. Power lost part way through:
+/// what was removed is in the log, and the rest is removed after the reopen, each record
+/// exactly once.
 #[test]
-fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() -> TestResult {
+fn gone_records_go_with_their_partition_and_in_progress_work_never_does() -> TestResult {
     const OLD: u64 = 3_000;
     const NEW: u64 = 300;
     let disk = SimDisk::new();
@@ -256,15 +260,7 @@ fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() 
         }
     }
     let abandoned = OLD / 10;
-    let before = store.stats()?.evicted;
-    // A claim made before anything is gone reads nothing beside it and removes nothing.
-    let Begin::Claimed(claim) = store.begin(&scope("early"), fp("req"))? else {
-        return Err("expected Claimed".into());
-    };
-    claim.commit(|_| Ok(Response::new(200, vec![])))?;
-    assert_eq!(store.exact_stats()?.records, OLD + 1);
-
-    clock.advance(TTL + Duration::from_millis(1));
+    clock.advance(WINDOW + Duration::from_millis(1));
     for i in 0..NEW {
         let Begin::Claimed(claim) = store.begin(&scope(&random_key(2, i)), fp("req"))? else {
             return Err("a new key must be claimed".into());
@@ -272,29 +268,22 @@ fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() 
         claim.commit(|_| Ok(Response::new(200, vec![2; 16])))?;
     }
     let stats = store.exact_stats()?;
-    let beside = OLD + 1 + NEW - stats.records;
-    // Each claim looks at eight records, of which about nine in ten are gone.
-    assert!(
-        beside > NEW && beside <= NEW * 8,
-        "{beside} removed beside {NEW} new keys"
-    );
-    assert_eq!(store.stats()?.evicted - before, beside, "counted once each");
+    assert_eq!(stats.partitions, 2);
     assert_eq!(
-        stats.in_progress, abandoned,
-        "in-progress work is never removed"
+        (stats.in_progress, stats.completed),
+        (abandoned, OLD - abandoned + NEW)
     );
-    assert_eq!(stats.completed, OLD + 1 - abandoned + NEW - beside);
 
-    // Power lost now: what the claims removed is in their log frames, and replays.
+    // The first partition is all gone; the second is not.
+    clock.advance(TTL - WINDOW);
+    let first = store.evict_expired(1_000)?;
+    assert_eq!((first.removed, first.backlog), (1_000, Backlog::More));
+    // Power lost now: the pass's removals are in its log frame, and replay.
     let image = disk.crash_image(idemstore::testing::Tear::Drop);
     drop(store);
     let store = builder(&clock).open_simulated(&image)?;
-    let counts = |s: &idemstore::Stats| (s.records, s.in_progress, s.completed, s.tombstones);
-    assert_eq!(
-        counts(&store.exact_stats()?),
-        counts(&stats),
-        "the removals were logged with the claims"
-    );
+    let after_crash = store.exact_stats()?;
+    assert_eq!(after_crash.completed, OLD - abandoned + NEW - 1_000);
     let mut rest = 0;
     loop {
         let evicted = store.evict_expired(1_000)?;
@@ -304,12 +293,13 @@ fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() 
         }
     }
     assert_eq!(
-        rest + beside,
-        OLD + 1 - abandoned,
+        rest + 1_000,
+        OLD - abandoned,
         "every gone record removed exactly once"
     );
     let left = store.exact_stats()?;
     assert_eq!((left.in_progress, left.completed), (abandoned, NEW));
+    assert_eq!(store.abandoned(usize::MAX)?.len() as u64, abandoned);
     for i in 0..NEW {
         assert!(matches!(
             store.begin(&scope(&random_key(2, i)), fp("req"))?,
@@ -319,15 +309,19 @@ fn a_new_claim_removes_the_gone_records_beside_it_and_eviction_finds_the_rest() 
     Ok(())
 }
 
-/// A tombstone whose time ran out goes beside a new key like a record does, and is counted as
-/// a tombstone removed, not as a record evicted.
+/// With tombstones kept, eviction turns a partition's expired records into tombstones
+/// (counted apart, and still counted after a reopen), then removes them with their partition
+/// once their time runs out, counted as tombstones removed.
 #[test]
-fn tombstones_that_ran_out_go_beside_new_keys_and_count_as_tombstones() -> TestResult {
+fn tombstones_are_counted_apart_and_go_with_their_partition() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = clock();
-    let store = builder(&clock)
-        .tombstone_ttl(TTL)
-        .open(dir.path().join("idem"))?;
+    let open = || {
+        builder(&clock)
+            .tombstone_ttl(TTL)
+            .open(dir.path().join("idem"))
+    };
+    let store = open()?;
     for i in 0..500 {
         let Begin::Claimed(claim) = store.begin(&scope(&random_key(3, i)), fp("req"))? else {
             return Err("expected Claimed".into());
@@ -336,25 +330,26 @@ fn tombstones_that_ran_out_go_beside_new_keys_and_count_as_tombstones() -> TestR
     }
     clock.advance(TTL);
     let turned = store.evict_expired(1_000)?;
+    let stats = store.exact_stats()?;
     assert_eq!(
-        (turned.removed, store.exact_stats()?.tombstones),
-        (500, 500)
+        (turned.removed, stats.tombstones, stats.completed),
+        (500, 500, 0)
+    );
+    drop(store);
+    let store = open()?;
+    assert_eq!(
+        store.exact_stats()?.tombstones,
+        500,
+        "counted after a reopen"
     );
     let before = store.stats()?;
     clock.advance(TTL);
-    for i in 0..50 {
-        let Begin::Claimed(claim) = store.begin(&scope(&random_key(4, i)), fp("req"))? else {
-            return Err("a new key must be claimed".into());
-        };
-        claim.commit(|_| Ok(Response::new(200, vec![])))?;
-    }
+    let pass = store.evict_expired(1_000)?;
+    assert_eq!((pass.removed, pass.tombstones_removed), (0, 500));
     let after = store.stats()?;
-    let beside = 500 - store.exact_stats()?.tombstones;
-    assert!(
-        beside > 200,
-        "{beside} tombstones removed beside 50 new keys (about 8 each)"
-    );
-    assert_eq!(after.tombstones_removed - before.tombstones_removed, beside);
+    assert_eq!(after.tombstones_removed - before.tombstones_removed, 500);
     assert_eq!(after.evicted, before.evicted, "no record was evicted");
+    let left = store.exact_stats()?;
+    assert_eq!((left.records, left.tombstones), (0, 0));
     Ok(())
 }

@@ -222,7 +222,7 @@ impl Engine {
         fingerprint: Fingerprint,
     ) -> Result<Option<Begin<C>>, StoreError> {
         let now = self.shared.config.clock.now();
-        let existing = self.read_record(scope)?;
+        let existing = self.read_record(scope, now)?;
         Ok(self.without_writing(scope, existing, fingerprint, now))
     }
 
@@ -254,7 +254,7 @@ impl Engine {
         fingerprint: Fingerprint,
     ) -> Option<Result<Option<Begin<C>>, StoreError>> {
         let now = self.shared.config.clock.now();
-        let existing = self.try_read_record(scope)?;
+        let existing = self.try_read_record(scope, now)?;
         Some(existing.map(|existing| self.without_writing(scope, existing, fingerprint, now)))
     }
 

@@ -1,6 +1,5 @@
-//! The read path: `begin` before the writer, reads through the indexes, and the overlay of
-//! records acknowledged but not yet published.
+//! The read path: `begin` before the writer, and reads of records, stats and abandoned work
+//! from the overlay and redb's published state.
 
 pub(super) mod begin;
-pub(super) mod overlay;
 pub(super) mod scan;

@@ -1,10 +1,11 @@
-//! Reads outside the writer: a scope's record, business snapshots, and the scans through the
-//! indexes (stats, abandoned work). None of them waits for a sync; only a read that must see
+//! Reads outside the writer: a scope's record, business snapshots, and the scans of the
+//! claims (stats, abandoned work). None of them waits for a sync; only a read that must see
 //! every acknowledged write asks the writer to publish first.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use parking_lot::MappedRwLockReadGuard;
 use redb::{Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition};
 
 use crate::error::StoreError;
@@ -15,13 +16,12 @@ use crate::model::record::{Record, RecordState, Visibility};
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 
-use super::overlay::Overlaid;
 use crate::engine::Engine;
 use crate::engine::requests;
 use crate::engine::tables::database::DbSlot;
-use crate::engine::tables::layout::{
-    LEASES, RECORDS, decode_stored, index_bound_after, split_index_key,
-};
+use crate::engine::tables::layout::{CLAIMS, decode_stored};
+use crate::engine::tables::overlay::Overlaid;
+use crate::engine::tables::partitions::done_key;
 use crate::engine::tables::read_tx::ReadTx;
 
 /// The store's own tables, read as bytes.
@@ -47,7 +47,7 @@ impl Engine {
     /// whether or not eviction has run yet.
     pub(crate) fn get(&self, scope: &Scope) -> Result<Option<Record>, StoreError> {
         let now = self.shared.config.clock.now();
-        let Some(record) = self.read_record(scope)? else {
+        let Some(record) = self.read_record(scope, now)? else {
             return Ok(None);
         };
         Ok(
@@ -137,6 +137,8 @@ impl Engine {
             dead_letters: counted.outbox.dead_letters,
             memory_budget: self.shared.config.memory_budget,
             redb_cache_bytes: self.shared.config.memory().redb_cache,
+            partitions: self.shared.partitions.all().len() as u64,
+            filter_bytes: self.shared.partitions.filter_bytes() as u64,
             ..Stats::default()
         };
         c.fill(&mut stats);
@@ -154,23 +156,29 @@ impl Engine {
         stats
     }
 
-    /// Entries per table (constant time in redb), and the first lease's record.
+    /// Entries per table (constant time in redb), and the claim whose lease ends first (a scan
+    /// of the claims, which hold only the work in flight and abandoned work).
     fn counted(&self, txn: &ReadTransaction) -> Result<Counted, StoreError> {
         let tables = self.shared.tables;
         let len = |id| self.shared.registry.table(id).len(txn);
+        let (in_progress, done) = (len(tables.claims)?, len(tables.done)?);
+        let tombstones = self.shared.partitions.tombstones().min(done);
         Ok(Counted {
-            records: len(tables.records)?,
-            in_progress: len(tables.leases)?,
-            completed: len(tables.expiry)?,
-            tombstones: len(tables.tombstones)?,
-            first_in_progress: first_in_progress(txn)?,
+            records: in_progress + done,
+            in_progress,
+            completed: done - tombstones,
+            tombstones,
+            first_in_progress: claims_in(txn)?
+                .into_iter()
+                .min_by_key(|(_, record)| lease_of(record))
+                .map(|(_, record)| record.created_at),
             outbox: crate::engine::requests::outbox::counts_in(txn)?,
         })
     }
 
     /// In-progress records whose lease has expired, oldest lease first, at most `limit`: work
-    /// that a crashed or stuck attempt left unfinished. Read through the lease index (never a
-    /// scan of the records), from a snapshot that includes every acknowledged write.
+    /// that a crashed or stuck attempt left unfinished. A scan of the claims (never of the
+    /// completed records), from a snapshot that includes every acknowledged write.
     pub(crate) fn abandoned(&self, limit: usize) -> Result<Vec<Abandoned>, StoreError> {
         let now = self.shared.config.clock.now();
         self.publish_acknowledged()?;
@@ -196,20 +204,16 @@ impl Engine {
         unpanicked(|| read(&db.begin_read()?))
     }
 
-    /// The stored record of a scope (expired records included): from the overlay if a durable
-    /// group not yet published wrote it, else from a redb read transaction. Answered while the
-    /// store is poisoned too: reads never depend on the writer.
+    /// The stored record of a scope (expired records included), as of `now`: from the overlay
+    /// where a durable group not yet published wrote it, else from redb's published state.
+    /// Answered while the store is poisoned too: reads never depend on the writer.
     pub(in crate::engine) fn read_record(
         &self,
         scope: &Scope,
+        now: Timestamp,
     ) -> Result<Option<Record>, StoreError> {
-        // The overlay first, then redb: the writer publishes (commits) before it clears the
-        // overlay, so a record missing here is in any snapshot begun after this lookup.
-        if let Some(found) = self.overlaid(scope) {
-            return found;
-        }
-        let db = self.shared.db.read(&self.shared.poison)?;
-        record_in(&self.shared.db, &db, scope)
+        self.lookup(scope, now, |slot| slot.read(&self.shared.poison).map(Some))
+            .and_then(|found| found.ok_or(StoreError::Closed))
     }
 
     /// [`Engine::read_record`] if it can run without waiting: `None` while the file is held
@@ -219,35 +223,60 @@ impl Engine {
     pub(in crate::engine) fn try_read_record(
         &self,
         scope: &Scope,
+        now: Timestamp,
     ) -> Option<Result<Option<Record>, StoreError>> {
-        if let Some(found) = self.overlaid(scope) {
-            return Some(found);
+        self.lookup(scope, now, |slot| {
+            slot.try_read(&self.shared.poison).transpose()
+        })
+        .transpose()
+    }
+
+    /// A record lookup: the claims, then the partitions that may hold the key, newest first;
+    /// the first record found is the answer. The overlay is read for every candidate key at
+    /// once, before any snapshot is taken: the writer publishes (commits) before it clears the
+    /// overlay, so a key the overlay does not have is in any snapshot begun after that read.
+    /// `db` gives the file, or `Ok(None)` if it cannot be had without waiting (the lookup then
+    /// answers `Ok(None)` too).
+    fn lookup<'a>(
+        &'a self,
+        scope: &Scope,
+        now: Timestamp,
+        db: impl FnOnce(&'a DbSlot) -> Result<Option<MappedRwLockReadGuard<'a, Database>>, StoreError>,
+    ) -> Result<Option<Option<Record>>, StoreError> {
+        let key = scope.encode();
+        let partitions = &self.shared.partitions;
+        let candidates =
+            partitions.candidates(partitions.hash(key), now, self.shared.config.tombstone_ttl);
+        let done_keys: Vec<Vec<u8>> = candidates.iter().map(|&p| done_key(p, key)).collect();
+        let (claim, done) = self.shared.overlay.lookup(key, &done_keys);
+        let decode = |bytes: &[u8]| decode_stored(key, bytes).map(|r| Some(Some(r)));
+        if let Overlaid::Put(bytes) = &claim {
+            return decode(bytes);
         }
-        Some(match self.shared.db.try_read(&self.shared.poison)? {
-            Ok(db) => record_in(&self.shared.db, &db, scope),
-            Err(e) => Err(e),
+        let Some(db) = db(&self.shared.db)? else {
+            return Ok(None);
+        };
+        unpanicked(|| {
+            let snapshot = self.shared.db.records(&db)?;
+            if claim == Overlaid::Absent
+                && let Some(bytes) = snapshot.claims.get(key)?
+            {
+                return decode(bytes.value());
+            }
+            for (found, done_key) in done.iter().zip(&done_keys) {
+                match found {
+                    Overlaid::Put(bytes) => return decode(bytes),
+                    Overlaid::Deleted => {}
+                    Overlaid::Absent => {
+                        if let Some(bytes) = snapshot.done.get(done_key.as_slice())? {
+                            return decode(bytes.value());
+                        }
+                    }
+                }
+            }
+            Ok(Some(None))
         })
     }
-
-    /// The scope's record as a durable group not yet published left it, if one did.
-    fn overlaid(&self, scope: &Scope) -> Option<Result<Option<Record>, StoreError>> {
-        match self.shared.overlay.lookup(scope.encode()) {
-            Overlaid::Put(bytes) => Some(decode_stored(scope.encode(), &bytes).map(Some)),
-            Overlaid::Deleted => Some(Ok(None)),
-            Overlaid::Absent => None,
-        }
-    }
-}
-
-/// The scope's record in redb's published state, from the snapshot readers share.
-fn record_in(slot: &DbSlot, db: &Database, scope: &Scope) -> Result<Option<Record>, StoreError> {
-    unpanicked(|| {
-        let table = slot.records(db)?;
-        table
-            .get(scope.encode())?
-            .map(|bytes| decode_stored(scope.encode(), bytes.value()))
-            .transpose()
-    })
 }
 
 /// Runs a read of the file, turning a panic inside redb (which some damaged files cause) into
@@ -260,55 +289,55 @@ fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, Stor
     })
 }
 
-/// `created_at` of the in-progress record whose lease ends first.
-fn first_in_progress(txn: &ReadTransaction) -> Result<Option<Timestamp>, StoreError> {
-    let leases = txn.open_table(raw(LEASES))?;
-    let Some((first, _)) = leases.first()? else {
-        return Ok(None);
-    };
-    let Some((_, scope)) = split_index_key(first.value()) else {
-        return Ok(None);
-    };
-    let records = txn.open_table(raw(RECORDS))?;
-    records
-        .get(scope)?
-        .map(|bytes| decode_stored(scope, bytes.value()).map(|record| record.created_at))
-        .transpose()
+/// Every claim in the snapshot: scope bytes and record.
+fn claims_in(txn: &ReadTransaction) -> Result<Vec<(Vec<u8>, Record)>, StoreError> {
+    let claims = txn.open_table(raw(CLAIMS))?;
+    let mut out = Vec::new();
+    for entry in claims.iter()? {
+        let (scope, bytes) = entry?;
+        out.push((
+            scope.value().to_vec(),
+            decode_stored(scope.value(), bytes.value())?,
+        ));
+    }
+    Ok(out)
 }
 
-/// The lease index's entries due at `now`, with their records, while the record still has the
-/// lease the entry indexes.
+/// When a claim's lease ends (the end of time for a record that is not one).
+fn lease_of(record: &Record) -> Timestamp {
+    match record.state {
+        RecordState::InProgress { lease_until, .. } => lease_until,
+        _ => Timestamp::from_millis(u64::MAX),
+    }
+}
+
+/// The claims whose lease ended by `now`, oldest lease first, at most `limit`.
 fn abandoned_in(
     txn: &ReadTransaction,
     now: Timestamp,
     limit: usize,
 ) -> Result<Vec<Abandoned>, StoreError> {
-    let leases = txn.open_table(raw(LEASES))?;
-    let records = txn.open_table(raw(RECORDS))?;
-    let end = index_bound_after(now);
-    let mut out = Vec::new();
-    for entry in leases.range::<&[u8]>(..end.as_slice())? {
-        if out.len() >= limit {
-            break;
-        }
-        let (key, _) = entry?;
-        let Some((lease_until, scope_bytes)) = split_index_key(key.value()) else {
-            continue;
-        };
-        let Some(bytes) = records.get(scope_bytes)? else {
-            continue;
-        };
-        let record = decode_stored(scope_bytes, bytes.value())?;
-        let scope = Scope::decode(scope_bytes).map_err(|e| StoreError::Internal {
-            message: format!("the lease index holds a malformed scope: {e}"),
-        })?;
-        if let RecordState::InProgress {
-            lease_until: current,
-            checkpoint,
-        } = record.state
-            && current == lease_until
-        {
-            out.push(Abandoned {
+    let mut due: Vec<(Vec<u8>, Record)> = claims_in(txn)?
+        .into_iter()
+        .filter(|(_, record)| lease_of(record) <= now)
+        .collect();
+    due.sort_by_key(|(_, record)| lease_of(record));
+    due.truncate(limit);
+    due.into_iter()
+        .map(|(scope_bytes, record)| {
+            let scope = Scope::decode(&scope_bytes).map_err(|e| StoreError::Internal {
+                message: format!("the claims hold a malformed scope: {e}"),
+            })?;
+            let RecordState::InProgress {
+                lease_until,
+                checkpoint,
+            } = record.state
+            else {
+                return Err(StoreError::Internal {
+                    message: format!("the claims hold a record of {scope} that is not in progress"),
+                });
+            };
+            Ok(Abandoned {
                 scope,
                 fingerprint: record.fingerprint,
                 fence: record.fence,
@@ -316,8 +345,7 @@ fn abandoned_in(
                 created_at: record.created_at,
                 lease_until,
                 checkpoint,
-            });
-        }
-    }
-    Ok(out)
+            })
+        })
+        .collect()
 }

@@ -2,6 +2,8 @@
 //! frames, for opening and for the writer's restore in place (`writer::restore`).
 
 pub(super) mod catch_up;
+pub(super) mod migrate;
+pub(super) mod partitions;
 pub(super) mod replay;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

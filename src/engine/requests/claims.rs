@@ -18,9 +18,8 @@ use crate::model::response::Response;
 use crate::model::scope::Scope;
 
 use super::answers::{CommitRefusal, Held, Refusal, UserFailure, UserWork};
-use super::evict::evict_beside;
 use super::outbox;
-use super::records::{read_record, write_record};
+use super::records::{Stored, read_record, write_record};
 use crate::engine::tables::tx::Tx;
 use crate::engine::watchers::HoldToken;
 use crate::engine::writer::context::Context;
@@ -46,7 +45,6 @@ pub(crate) fn begin(
         granted.previous.as_ref(),
         Some(&granted.record),
     );
-    evict_beside_new(tx, ctx, scope, granted.previous.as_ref());
     let held = Held::of(
         &granted.record,
         ctx.now,
@@ -85,27 +83,13 @@ pub(crate) fn execute(
     }
     let done = decision::completed(&granted.record, response.clone(), ctx.now, ctx.config.ttl);
     write_record(tx, ctx, scope, granted.previous.as_ref(), Some(&done));
-    evict_beside_new(tx, ctx, scope, granted.previous.as_ref());
     (Keep::Writes, Ok(granted.kind.answer(response)))
-}
-
-/// A key stored for the first time takes a page of the records table that may hold records
-/// that are gone: remove them with it (see [`evict_beside`]).
-fn evict_beside_new(
-    tx: &mut Tx<'_>,
-    ctx: &mut Context<'_>,
-    scope: &Scope,
-    previous: Option<&Record>,
-) {
-    if previous.is_none() {
-        evict_beside(tx, ctx, scope.encode());
-    }
 }
 
 /// A claim the writer decided to grant, not yet written.
 struct Granted {
     /// The record it replaces (a take-over's expired claim, a completed record past its TTL).
-    previous: Option<Record>,
+    previous: Option<Stored>,
     /// The in-progress record of the new claim, with its fence allocated.
     record: Record,
     kind: AttemptKind,
@@ -137,7 +121,7 @@ fn grant<C>(
 ) -> Result<Result<Granted, Begin<C>>, StoreError> {
     let existing = read_record(tx, ctx, scope)?;
     let decided = decision::decide(
-        existing.as_ref(),
+        existing.as_ref().map(|s| &s.record),
         &fingerprint,
         ctx.now,
         ctx.config.tombstone_ttl,
@@ -174,11 +158,14 @@ fn held_record(
     ctx: &Context<'_>,
     scope: &Scope,
     fence: u64,
-) -> Result<Record, Refusal> {
+) -> Result<Stored, Refusal> {
     let existing = read_record(tx, ctx, scope)?;
-    decision::check_fence(existing.as_ref(), fence)
-        .cloned()
-        .map_err(Refusal::Stale)
+    decision::check_fence(existing.as_ref().map(|s| &s.record), fence).map_err(Refusal::Stale)?;
+    existing.ok_or_else(|| {
+        Refusal::Store(StoreError::Internal {
+            message: "a fence check passed without a record".into(),
+        })
+    })
 }
 
 /// `commit`: fence check, the user's closure, the response check, the completed record.
@@ -193,7 +180,7 @@ pub(crate) fn commit(
         Ok(held) => held,
         Err(refusal) => return (Keep::Nothing, Err(CommitRefusal::Refused(refusal))),
     };
-    tx.allow_publish(scope, held.origin_fence);
+    tx.allow_publish(scope, held.record.origin_fence);
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(failure) => return (Keep::Nothing, Err(CommitRefusal::User(failure))),
@@ -208,7 +195,7 @@ pub(crate) fn commit(
             Err(CommitRefusal::Refused(Refusal::Store(e))),
         );
     }
-    let done = decision::completed(&held, response.clone(), ctx.now, ctx.config.ttl);
+    let done = decision::completed(&held.record, response.clone(), ctx.now, ctx.config.ttl);
     write_record(tx, ctx, scope, Some(&held), Some(&done));
     (Keep::Writes, Ok(response))
 }
@@ -288,7 +275,7 @@ fn update_in_progress(
     change: impl FnOnce(&mut Timestamp, &mut Option<Vec<u8>>),
 ) -> Result<(), Refusal> {
     let held = held_record(tx, ctx, scope, fence)?;
-    let mut updated = held.clone();
+    let mut updated = held.record.clone();
     if let RecordState::InProgress {
         lease_until,
         checkpoint,

@@ -12,8 +12,6 @@ pub(super) mod outbox;
 mod queue;
 mod records;
 
-pub(in crate::engine) use self::evict::Reach;
-
 use std::time::{Duration, Instant};
 
 use crate::error::{ExecuteError, StoreError};
@@ -193,12 +191,10 @@ pub(crate) fn write<T: Send + 'static>(work: UserWork<T>) -> Request<Result<T, U
     Request::new(move |tx: &mut Tx<'_>, _ctx: &mut Context<'_>| claims::write(tx, work))
 }
 
-/// Up to `limit` expired records evicted through the expiry and tombstone indexes: those due
-/// now, or only those past the sweep grace.
-pub(in crate::engine) fn evict(limit: usize, reach: Reach) -> Request<Result<Evicted, StoreError>> {
-    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| {
-        evict::evict_expired(tx, ctx, limit, reach)
-    })
+/// Up to `limit` records that are gone removed (a partition at a time), or expired ones turned
+/// into tombstones.
+pub(in crate::engine) fn evict(limit: usize) -> Request<Result<Evicted, StoreError>> {
+    Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| evict::evict_expired(tx, ctx, limit))
 }
 
 /// Everything acknowledged made durable in redb itself (a checkpoint of the log).

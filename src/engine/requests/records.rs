@@ -1,5 +1,11 @@
-//! A scope's record as the writer reads and writes it, with its index entry kept in step, and
-//! `forget`, which removes one.
+//! A scope's record as the writer reads and writes it, wherever it is stored, and `forget`,
+//! which removes one.
+//!
+//! An in-progress record lives in `idemstore.claims`; a completed one (or a tombstone) in the
+//! partition it was written to (`tables::partitions`). A lookup reads the claims first, then
+//! the partitions newest first; a record stored in an older partition under a key that was
+//! claimed again (after it was gone) is hidden by the newer one and is removed with its
+//! partition.
 
 use crate::error::StoreError;
 use crate::model::decision;
@@ -8,67 +14,117 @@ use crate::model::record::{Record, RecordState};
 use crate::model::scope::Scope;
 
 use super::answers::ForgetRefusal;
-use crate::engine::tables::layout::{decode_stored, index_key};
+use crate::engine::tables::layout::decode_stored;
+use crate::engine::tables::partitions::{PartitionNo, done_key};
 use crate::engine::tables::tx::Tx;
 use crate::engine::writer::context::Context;
 use crate::engine::writer::job::Keep;
+
+/// Where a record is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Location {
+    /// `idemstore.claims`: in progress.
+    Claims,
+    /// `idemstore.done`, in this partition: completed, or a tombstone.
+    Done(PartitionNo),
+}
+
+/// A record as read, and where it was.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) record: Record,
+    pub(crate) at: Location,
+}
 
 /// The scope's record as the group's transaction sees it (its own writes included).
 pub(super) fn read_record(
     tx: &Tx<'_>,
     ctx: &Context<'_>,
     scope: &Scope,
-) -> Result<Option<Record>, StoreError> {
-    tx.get_raw(ctx.tables.records, scope.encode())?
-        .map(|bytes| decode_stored(scope.encode(), &bytes))
+) -> Result<Option<Stored>, StoreError> {
+    let key = scope.encode();
+    if let Some(bytes) = tx.get_raw(ctx.tables.claims, key)? {
+        return Ok(Some(Stored {
+            record: decode_stored(key, &bytes)?,
+            at: Location::Claims,
+        }));
+    }
+    let hash = ctx.partitions.hash(key);
+    let found = ctx
+        .partitions
+        .find(hash, ctx.now, ctx.config.tombstone_ttl, |number| {
+            tx.get_raw(ctx.tables.done, &done_key(number, key))
+        })?;
+    found
+        .map(|(number, bytes)| {
+            Ok(Stored {
+                record: decode_stored(key, &bytes)?,
+                at: Location::Done(number),
+            })
+        })
         .transpose()
 }
 
-/// Writes (or deletes) a scope's record and moves its index entry to match.
+/// Writes a scope's new record where its state belongs, and removes the old one where it is
+/// no longer the one a lookup must find. `None` deletes the record.
 pub(super) fn write_record(
     tx: &mut Tx<'_>,
     ctx: &Context<'_>,
     scope: &Scope,
-    old: Option<&Record>,
+    old: Option<&Stored>,
     new: Option<&Record>,
 ) {
-    write_record_bytes(tx, ctx, scope.encode(), old, new);
-}
-
-/// [`write_record`] for a scope as it is stored (its encoded bytes).
-pub(super) fn write_record_bytes(
-    tx: &mut Tx<'_>,
-    ctx: &Context<'_>,
-    scope: &[u8],
-    old: Option<&Record>,
-    new: Option<&Record>,
-) {
-    let entry = |record: &Record| match &record.state {
-        RecordState::InProgress { lease_until, .. } => {
-            (ctx.tables.leases, index_key(*lease_until, scope))
+    let key = scope.encode();
+    let Some(new) = new else {
+        match old {
+            Some(Stored {
+                at: Location::Claims,
+                ..
+            }) => tx.delete_raw(ctx.tables.claims, key),
+            Some(Stored {
+                at: Location::Done(number),
+                record,
+            }) => {
+                tx.delete_raw(ctx.tables.done, &done_key(*number, key));
+                if let (RecordState::Tombstone { .. }, Some(partition)) =
+                    (&record.state, ctx.partitions.get(*number))
+                {
+                    partition.forgot_tombstone();
+                }
+            }
+            None => {}
         }
-        RecordState::Completed { expires_at, .. } => {
-            (ctx.tables.expiry, index_key(*expires_at, scope))
-        }
-        RecordState::Tombstone { until, .. } => (ctx.tables.tombstones, index_key(*until, scope)),
+        return;
     };
-    let old_entry = old.map(entry);
-    let new_entry = new.map(entry);
-    if old_entry != new_entry {
-        if let Some((table, key)) = &old_entry {
-            tx.delete_raw(*table, key);
+    match new.state {
+        RecordState::InProgress { .. } => {
+            // A completed record it replaces (one that is gone) stays where it is: the claim
+            // hides it, and it goes with its partition.
+            tx.put_raw(ctx.tables.claims, key, new.encode());
         }
-        if let Some((table, key)) = &new_entry {
-            tx.put_raw(*table, key, Vec::new());
+        RecordState::Completed { .. } | RecordState::Tombstone { .. } => {
+            let chosen = ctx
+                .partitions
+                .choose(ctx.now, ctx.config.partition_window());
+            if let Some(sealed) = chosen.sealed {
+                let (info, filter) = sealed.info();
+                tx.put_raw(
+                    ctx.tables.partitions,
+                    &sealed.number().to_be_bytes(),
+                    info.encode(&filter),
+                );
+            }
+            ctx.partitions
+                .note(chosen.number, ctx.partitions.hash(key), new);
+            tx.put_raw(ctx.tables.done, &done_key(chosen.number, key), new.encode());
+            if old.is_some_and(|o| o.at == Location::Claims) {
+                tx.delete_raw(ctx.tables.claims, key);
+            }
         }
-    }
-    match new {
-        Some(record) => tx.put_raw(ctx.tables.records, scope, record.encode()),
-        None => tx.delete_raw(ctx.tables.records, scope),
     }
 }
 
-/// `forget`: removes a record and its index entry, by fence or, for a completed one, by force.
+/// `forget`: removes a record, by fence or, for a completed one, by force.
 pub(crate) fn forget(
     tx: &mut Tx<'_>,
     ctx: &mut Context<'_>,
@@ -76,16 +132,17 @@ pub(crate) fn forget(
     how: Forget,
 ) -> (Keep, Result<Record, ForgetRefusal>) {
     let existing = match read_record(tx, ctx, scope) {
-        Ok(Some(record)) => record,
+        Ok(Some(stored)) => stored,
         Ok(None) => return (Keep::Nothing, Err(ForgetRefusal::Absent)),
         Err(e) => return (Keep::Nothing, Err(ForgetRefusal::Store(e))),
     };
-    let refused = match (how, &existing.state) {
-        (Forget::Fence(fence), _) => decision::check_fence(Some(&existing), fence)
+    let record = &existing.record;
+    let refused = match (how, &record.state) {
+        (Forget::Fence(fence), _) => decision::check_fence(Some(record), fence)
             .err()
             .map(ForgetRefusal::Stale),
         (Forget::Completed, RecordState::InProgress { .. }) => Some(ForgetRefusal::InProgress {
-            fence: existing.fence,
+            fence: record.fence,
         }),
         (Forget::Completed, RecordState::Completed { .. } | RecordState::Tombstone { .. }) => None,
     };
@@ -93,5 +150,5 @@ pub(crate) fn forget(
         return (Keep::Nothing, Err(refused));
     }
     write_record(tx, ctx, scope, Some(&existing), None);
-    (Keep::Writes, Ok(existing))
+    (Keep::Writes, Ok(existing.record))
 }

@@ -6,7 +6,7 @@
 //! Readers hold the read lock only while they read; the writer takes the write lock to reopen
 //! and to compact (which needs the database to itself).
 //!
-//! The slot also keeps the records table as last published, open in one read transaction that
+//! The slot also keeps the record tables as last published, open in one read transaction that
 //! every `begin` shares until the writer publishes again (why, and what it costs: "Readers
 //! share one snapshot between publishes" in `docs/design.md`).
 
@@ -19,15 +19,22 @@ use crate::error::StoreError;
 
 use crate::engine::poison::Poison;
 
-use super::layout::RECORDS;
+use super::layout::{CLAIMS, DONE};
 
-/// The records table, read only, as a snapshot saw it.
-pub(crate) type RecordsSnapshot = ReadOnlyTable<&'static [u8], &'static [u8]>;
+/// A record table, read only, as a snapshot saw it.
+pub(crate) type RawSnapshot = ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// The record tables, as one snapshot saw them.
+#[derive(Debug)]
+pub(crate) struct RecordsSnapshot {
+    pub(crate) claims: RawSnapshot,
+    pub(crate) done: RawSnapshot,
+}
 
 #[derive(Debug)]
 pub(crate) struct DbSlot {
     db: RwLock<Option<Database>>,
-    /// The records table in a snapshot begun after the last publish, shared by readers; `None`
+    /// The record tables in a snapshot begun after the last publish, shared by readers; `None`
     /// until a reader needs it. Dropped at every publish and whenever the writer takes the
     /// slot, so it never hides a published write and never holds a snapshot open across a
     /// compaction or a reopen (redb refuses to compact with a read transaction open).
@@ -42,7 +49,7 @@ impl DbSlot {
         }
     }
 
-    /// The records table as last published, for a reader holding `db` (from
+    /// The record tables as last published, for a reader holding `db` (from
     /// [`DbSlot::read`]). Drop it before the guard: the writer drops the shared copy when it
     /// takes the slot, and a copy kept past the guard would keep the snapshot open.
     ///
@@ -54,7 +61,10 @@ impl DbSlot {
             return Ok(table.clone());
         }
         let txn = db.begin_read()?;
-        let table = Arc::new(txn.open_table(TableDefinition::new(RECORDS))?);
+        let table = Arc::new(RecordsSnapshot {
+            claims: txn.open_table(TableDefinition::new(CLAIMS))?,
+            done: txn.open_table(TableDefinition::new(DONE))?,
+        });
         *shared = Some(table.clone());
         Ok(table)
     }
@@ -111,13 +121,14 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let db = Database::create(dir.path().join("db.redb"))?;
         let txn = db.begin_write()?;
-        txn.open_table(TableDefinition::<&[u8], &[u8]>::new(RECORDS))?;
+        txn.open_table(TableDefinition::<&[u8], &[u8]>::new(CLAIMS))?;
+        txn.open_table(TableDefinition::<&[u8], &[u8]>::new(DONE))?;
         txn.commit()?;
         let slot = DbSlot::new(db);
         {
             let db = slot.read(&Poison::default())?;
             let records = slot.records(&db)?;
-            assert!(records.get(b"k".as_slice())?.is_none());
+            assert!(records.claims.get(b"k".as_slice())?.is_none());
         }
         let mut held = slot.write();
         let db = held.as_mut().ok_or("the slot holds the database")?;

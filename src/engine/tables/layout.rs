@@ -12,16 +12,24 @@ use crate::model::scope::Scope;
 
 use super::registry::{Internal, Registry, TableId};
 
-/// scope (encoded) → record (see `record.rs`).
-pub(crate) const RECORDS: &str = "idemstore.records";
-/// expires_at (u64 BE) ‖ scope → empty: completed records by expiry, for eviction.
-pub(crate) const EXPIRY: &str = "idemstore.expiry";
-/// lease_until (u64 BE) ‖ scope → empty: in-progress records by lease end, for abandoned work.
-pub(crate) const LEASES: &str = "idemstore.leases";
-/// name → value: format version, fence counter, log checkpoint.
+/// scope (encoded) → in-progress record: the claims being worked on. Small (the claims in
+/// flight, and abandoned ones until they are taken over), so every access hits cached pages.
+pub(crate) const CLAIMS: &str = "idemstore.claims";
+/// partition (u32 BE) ‖ scope → completed record (or a tombstone): see `partitions`.
+pub(crate) const DONE: &str = "idemstore.done";
+/// partition (u32 BE) → a sealed partition's figures and filter (`partitions/info.rs`).
+pub(crate) const PARTITIONS: &str = "idemstore.partitions";
+/// name → value: format version, fence counter, log checkpoint, filter key.
 pub(crate) const META: &str = "idemstore.meta";
-/// until (u64 BE) ‖ scope → empty: tombstones by the time they go, for eviction.
-pub(crate) const TOMBSTONES: &str = "idemstore.tombstones";
+
+/// Format 2 and before: scope → record, every record in one table.
+pub(crate) const RECORDS_V2: &str = "idemstore.records";
+/// Format 2 and before: expires_at (u64 BE) ‖ scope → empty.
+pub(crate) const EXPIRY_V2: &str = "idemstore.expiry";
+/// Format 2 and before: lease_until (u64 BE) ‖ scope → empty.
+pub(crate) const LEASES_V2: &str = "idemstore.leases";
+/// Format 2 and before: until (u64 BE) ‖ scope → empty.
+pub(crate) const TOMBSTONES_V2: &str = "idemstore.tombstones";
 
 /// seq (u64 BE) → message: the outbox, committed messages not yet delivered, in commit order.
 pub(crate) const OUTBOX: &str = "idemstore.outbox";
@@ -36,18 +44,23 @@ pub(crate) const META_NEXT_FENCE: &[u8] = b"next_fence";
 pub(crate) const META_NEXT_MESSAGE: &[u8] = b"next_message";
 /// Meta key: the sequence number of the last log frame durable in redb (u64 LE).
 pub(crate) const META_LOG_CHECKPOINT: &[u8] = b"log_checkpoint";
+/// Meta key: the key of the partitions' filter hash (16 bytes, random, made with the store;
+/// see `partitions/hash.rs`).
+pub(crate) const META_FILTER_KEY: &[u8] = b"filter_key";
 /// Meta key: the number of the log segment that holds (or was about to hold) the frame after
 /// the checkpoint (u64 LE), written with it: recovery reads the log from that segment on and
 /// proves every later one continues the chain. Absent in stores whose last checkpoint predates
 /// it: recovery then reads every segment.
 pub(crate) const META_LOG_SEGMENT: &[u8] = b"log_segment";
 
-/// The layout of records, indexes, meta and log this build writes.
+/// The layout of records, tables, meta and log this build writes.
 ///
-/// 2: records in version 2 (varints, compressed bodies). A format-1 store is read as it is:
-/// its records keep version 1 until they are next written, and the open raises the store's
-/// version to 2, so a build that only knows 1 refuses it instead of misreading new records.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// 3: claims in their own table, completed records in partitions by time, no per-record
+/// index (`partitions`). A store of format 1 or 2 (one records table, three indexes) is
+/// moved to it once, at open, after its log is replayed (`recovery::migrate`).
+/// 2: records in version 2 (varints, compressed bodies); version-1 records are read as
+/// they are.
+pub(crate) const FORMAT_VERSION: u32 = 3;
 
 /// The oldest format this build opens.
 pub(crate) const OLDEST_FORMAT: u32 = 1;
@@ -60,24 +73,22 @@ pub(crate) fn format_supported(found: u64) -> bool {
 /// Ids of the store's own tables, fixed because they are registered first.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct InternalTables {
-    pub(crate) records: TableId,
-    pub(crate) expiry: TableId,
-    pub(crate) leases: TableId,
+    pub(crate) claims: TableId,
+    pub(crate) done: TableId,
+    pub(crate) partitions: TableId,
     pub(crate) meta: TableId,
-    pub(crate) tombstones: TableId,
     pub(crate) outbox: TableId,
     pub(crate) dead_letters: TableId,
 }
 
 impl InternalTables {
-    /// Their ids, in the order they were registered (0 to 6).
-    pub(crate) fn ids(self) -> [TableId; 7] {
+    /// The ids of the tables every epoch opens, in the order they were registered (0 to 5).
+    pub(crate) fn ids(self) -> [TableId; 6] {
         [
-            self.records,
-            self.expiry,
-            self.leases,
+            self.claims,
+            self.done,
+            self.partitions,
             self.meta,
-            self.tombstones,
             self.outbox,
             self.dead_letters,
         ]
@@ -85,20 +96,33 @@ impl InternalTables {
 
     /// Registers the store's tables; call before any business table.
     pub(crate) fn register(registry: &mut Registry) -> Self {
-        let mut reg = |name| {
+        let mut reg = |name, owner| {
             registry
-                .register::<&[u8], &[u8]>(name, Internal::Yes)
+                .register::<&[u8], &[u8]>(name, owner)
                 .unwrap_or_else(|_| unreachable!("internal tables are registered first"))
         };
-        InternalTables {
-            records: reg(RECORDS),
-            expiry: reg(EXPIRY),
-            leases: reg(LEASES),
-            meta: reg(META),
-            tombstones: reg(TOMBSTONES),
-            outbox: reg(OUTBOX),
-            dead_letters: reg(DEAD_LETTERS),
+        let tables = InternalTables {
+            claims: reg(CLAIMS, Internal::Yes),
+            done: reg(DONE, Internal::Yes),
+            partitions: reg(PARTITIONS, Internal::Yes),
+            meta: reg(META, Internal::Yes),
+            outbox: reg(OUTBOX, Internal::Yes),
+            dead_letters: reg(DEAD_LETTERS, Internal::Yes),
+        };
+        // Format 2's tables, so that a format-2 log replays into them before the store is
+        // moved to format 3 (`recovery::migrate`); never created or opened otherwise.
+        for name in [RECORDS_V2, EXPIRY_V2, LEASES_V2, TOMBSTONES_V2] {
+            reg(name, Internal::Legacy);
         }
+        debug_assert!(
+            tables
+                .ids()
+                .iter()
+                .enumerate()
+                .all(|(i, &id)| usize::from(id) == i),
+            "the tables every epoch opens come first"
+        );
+        tables
     }
 }
 
@@ -135,23 +159,11 @@ pub(crate) fn decode_stored(scope: &[u8], bytes: &[u8]) -> Result<Record, StoreE
     })
 }
 
-/// `at (u64 BE) ‖ scope`: the key of an expiry or lease index entry.
-pub(crate) fn index_key(at: Timestamp, scope: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + scope.len());
-    key.extend_from_slice(&at.as_millis().to_be_bytes());
-    key.extend_from_slice(scope);
-    key
-}
-
-/// Splits an index key into its timestamp and scope bytes.
+/// Splits a key of format 2's expiry, lease and tombstone indexes (`at (u64 BE) ‖ scope`) into
+/// its timestamp and scope bytes.
 pub(crate) fn split_index_key(key: &[u8]) -> Option<(Timestamp, &[u8])> {
     let (at, scope) = key.split_first_chunk::<8>()?;
     Some((Timestamp::from_millis(u64::from_be_bytes(*at)), scope))
-}
-
-/// The first index key after every entry at or before `at`.
-pub(crate) fn index_bound_after(at: Timestamp) -> Vec<u8> {
-    at.as_millis().saturating_add(1).to_be_bytes().to_vec()
 }
 
 #[cfg(test)]
@@ -159,14 +171,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn index_keys_sort_by_time_then_scope() {
-        let a = index_key(Timestamp::from_millis(255), b"zz");
-        let b = index_key(Timestamp::from_millis(256), b"aa");
-        assert!(a < b);
-        assert!(b < index_bound_after(Timestamp::from_millis(256)));
+    fn format_2_index_keys_split_into_time_and_scope() {
+        let mut key = 256u64.to_be_bytes().to_vec();
+        key.extend_from_slice(b"aa");
         assert_eq!(
-            split_index_key(&b),
+            split_index_key(&key),
             Some((Timestamp::from_millis(256), &b"aa"[..]))
         );
+        assert_eq!(split_index_key(b"short"), None);
     }
 }

@@ -1,4 +1,4 @@
-//! The store's metadata: format version, fence counter, log checkpoint.
+//! The store's metadata: format version, fence counter, log checkpoint, filter key.
 //!
 //! A new file gets every entry at creation; an existing store must have every entry, well
 //! formed. A missing or damaged entry is a corrupt file, never a default: a fence counter that
@@ -11,9 +11,10 @@ use redb::{Database, ReadableTable, Table, TableDefinition, TableHandle, WriteTr
 use crate::error::OpenError;
 
 use super::layout::{
-    FORMAT_VERSION, META, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT, META_NEXT_FENCE,
-    format_supported,
+    FORMAT_VERSION, META, META_FILTER_KEY, META_FORMAT, META_LOG_CHECKPOINT, META_LOG_SEGMENT,
+    META_NEXT_FENCE, format_supported,
 };
+use super::partitions::hash::random_key;
 use super::registry::Registry;
 use crate::wal::Checkpoint;
 
@@ -26,6 +27,10 @@ pub(crate) struct Meta {
     pub(crate) next_fence: u64,
     /// The last log frame that is durable in redb, and where the log goes on after it.
     pub(crate) log_checkpoint: Checkpoint,
+    /// The file's format: below [`FORMAT_VERSION`] until the store is moved to it.
+    pub(crate) format: u64,
+    /// The key of the partitions' filter hash; `None` before format 3.
+    pub(crate) filter_key: Option<[u8; 16]>,
 }
 
 fn setup(e: impl Into<redb::Error>) -> OpenError {
@@ -57,6 +62,8 @@ pub(crate) fn set_up(db: &Database, registry: &Registry, path: &Path) -> Result<
         put_u64(&mut meta, META_FORMAT, u64::from(FORMAT_VERSION))?;
         put_u64(&mut meta, META_NEXT_FENCE, 1)?;
         put_u64(&mut meta, META_LOG_CHECKPOINT, 0)?;
+        meta.insert(META_FILTER_KEY, random_key().as_slice())
+            .map_err(setup)?;
     } else {
         let format = read(&txn, META_FORMAT, "format_version")?;
         if !format_supported(format) {
@@ -65,25 +72,44 @@ pub(crate) fn set_up(db: &Database, registry: &Registry, path: &Path) -> Result<
                 supported: FORMAT_VERSION,
             });
         }
-        if format < u64::from(FORMAT_VERSION) {
-            // Older records are read as they are; the mark keeps older builds out.
-            let mut meta = txn.open_table(META_TABLE).map_err(setup)?;
-            put_u64(&mut meta, META_FORMAT, u64::from(FORMAT_VERSION))?;
-        }
+        // An older store keeps its format until its log is replayed and it is moved
+        // (`recovery::migrate`), which raises the mark in the same commit.
     }
     txn.commit().map_err(setup)?;
     load(db)
 }
 
+/// Records, inside the migration's commit, that the store is of this build's format, with
+/// the filter key its partitions were built with.
+pub(crate) fn set_current_format(txn: &WriteTransaction, key: [u8; 16]) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META_TABLE)?;
+    meta.insert(
+        META_FORMAT,
+        u64::from(FORMAT_VERSION).to_le_bytes().as_slice(),
+    )?;
+    meta.insert(META_FILTER_KEY, key.as_slice())?;
+    Ok(())
+}
+
 /// Reads the metadata (after a replay, which may have advanced the fence counter).
 pub(crate) fn load(db: &Database) -> Result<Meta, OpenError> {
     let txn = db.begin_write().map_err(setup)?;
+    let format = read(&txn, META_FORMAT, "format_version")?;
+    let filter_key = read_key(&txn)?;
+    if format >= 3 && filter_key.is_none() {
+        return Err(OpenError::CorruptMeta {
+            key: "filter_key",
+            detail: "missing".into(),
+        });
+    }
     let meta = Meta {
         next_fence: read(&txn, META_NEXT_FENCE, "next_fence")?,
         log_checkpoint: Checkpoint {
             seq: read(&txn, META_LOG_CHECKPOINT, "log_checkpoint")?,
             segment: read_optional(&txn, META_LOG_SEGMENT, "log_segment")?,
         },
+        format,
+        filter_key,
     };
     txn.abort().map_err(setup)?;
     Ok(meta)
@@ -100,6 +126,22 @@ pub(crate) fn set_log_checkpoint(
     meta.insert(META_LOG_CHECKPOINT, seq.to_le_bytes().as_slice())?;
     meta.insert(META_LOG_SEGMENT, segment.to_le_bytes().as_slice())?;
     Ok(())
+}
+
+/// The filter key, 16 bytes if present.
+fn read_key(txn: &WriteTransaction) -> Result<Option<[u8; 16]>, OpenError> {
+    let meta = txn.open_table(META_TABLE).map_err(setup)?;
+    let Some(value) = meta.get(META_FILTER_KEY).map_err(setup)? else {
+        return Ok(None);
+    };
+    let key: [u8; 16] = value
+        .value()
+        .try_into()
+        .map_err(|_| OpenError::CorruptMeta {
+            key: "filter_key",
+            detail: format!("{} bytes where 16 are expected", value.value().len()),
+        })?;
+    Ok(Some(key))
 }
 
 fn put_u64(table: &mut Table<'_, &[u8], &[u8]>, key: &[u8], value: u64) -> Result<(), OpenError> {

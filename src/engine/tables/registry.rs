@@ -167,6 +167,8 @@ impl<K: Key + 'static, V: Value + 'static> OpenTable for Opened<'_, K, V> {
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     tables: Vec<Box<dyn TableOps>>,
+    /// Whose each table is, by id.
+    owners: Vec<Internal>,
     by_name: HashMap<String, TableId>,
 }
 
@@ -193,6 +195,7 @@ impl Registry {
             name: name.to_owned(),
             _types: PhantomData,
         }));
+        self.owners.push(internal);
         self.by_name.insert(name.to_owned(), id);
         Ok(id)
     }
@@ -230,8 +233,13 @@ impl Registry {
         self.tables[usize::from(id)].as_ref()
     }
 
+    /// The tables a store of this build has: every registered one but format 2's.
     pub(crate) fn tables(&self) -> impl Iterator<Item = &dyn TableOps> {
-        self.tables.iter().map(|t| t.as_ref())
+        self.tables
+            .iter()
+            .zip(&self.owners)
+            .filter(|(_, owner)| **owner != Internal::Legacy)
+            .map(|(t, _)| t.as_ref())
     }
 
     /// Applies a request's writes through the epoch's open tables (a business table is opened
@@ -260,9 +268,14 @@ impl Registry {
     }
 }
 
-/// Whether a registration is for one of the store's own tables (which use the reserved prefix).
+/// Whose a registered table is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Internal {
+    /// One of the store's own tables (their names use the reserved prefix).
     Yes,
+    /// A table of format 2 and before: a format-2 log replays into it before the store moves
+    /// to format 3; never created in a store.
+    Legacy,
+    /// A business table.
     No,
 }

@@ -1,5 +1,5 @@
 //! The engine's behaviour that only shows through a whole store: poison, reads off the
-//! runtime, and the sweeper's grace.
+//! runtime, the shared snapshot, and the partitions (`tests/partitions.rs`).
 
 use crate::error::StoreError;
 use crate::model::clock::{ManualClock, Timestamp};
@@ -137,66 +137,4 @@ fn the_shared_snapshot_ends_at_every_publish_and_before_a_compaction()
     Ok(())
 }
 
-/// The sweeper's pass leaves a gone record alone for the sweep grace (for claims beside it to
-/// remove), then takes it; with a grace of zero it takes it at once. `evict_expired` never
-/// waits.
-#[test]
-fn the_sweepers_pass_waits_the_grace_and_evict_expired_does_not()
--> Result<(), Box<dyn std::error::Error>> {
-    let ttl = std::time::Duration::from_secs(3600);
-    for grace in [None, Some(std::time::Duration::ZERO)] {
-        let dir = tempfile::tempdir()?;
-        let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
-        let mut builder = Store::builder()
-            .clock(clock.clone())
-            .ttl(ttl)
-            .sweep(Sweep::Off);
-        if let Some(grace) = grace {
-            builder = builder.sweep_grace(grace);
-        }
-        let store = builder.open(dir.path().join("idem"))?;
-        for key in ["a", "b", "c"] {
-            let Begin::Claimed(claim) =
-                store.begin(&Scope::new("t", "op", key)?, Fingerprint::of_bytes(b"r"))?
-            else {
-                return Err("a new key is claimed".into());
-            };
-            claim.commit(|_| Ok(Response::new(201, "stored")))?;
-        }
-        let grace = grace.unwrap_or(ttl / 4);
-        clock.advance(ttl);
-        let first = store.engine().sweep(10)?;
-        if grace.is_zero() {
-            assert_eq!(first.removed, 3, "no grace: gone records go at once");
-            continue;
-        }
-        assert_eq!(first.removed, 0, "inside the grace");
-        clock.advance(grace - std::time::Duration::from_millis(1));
-        assert_eq!(
-            store.engine().sweep(10)?.removed,
-            0,
-            "a millisecond before its end"
-        );
-        assert_eq!(store.exact_stats()?.records, 3);
-        clock.advance(std::time::Duration::from_millis(1));
-        assert_eq!(store.engine().sweep(10)?.removed, 3, "at the grace's end");
-        assert_eq!(store.exact_stats()?.records, 0);
-    }
-    // evict_expired takes everything gone, grace or not.
-    let dir = tempfile::tempdir()?;
-    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
-    let store = Store::builder()
-        .clock(clock.clone())
-        .ttl(ttl)
-        .sweep(Sweep::Off)
-        .open(dir.path().join("idem"))?;
-    let Begin::Claimed(claim) =
-        store.begin(&Scope::new("t", "op", "k")?, Fingerprint::of_bytes(b"r"))?
-    else {
-        return Err("a new key is claimed".into());
-    };
-    claim.commit(|_| Ok(Response::new(201, "stored")))?;
-    clock.advance(ttl);
-    assert_eq!(store.evict_expired(10)?.removed, 1);
-    Ok(())
-}
+mod partitions;

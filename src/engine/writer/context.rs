@@ -1,15 +1,15 @@
-//! What a request sees of the writer besides the transaction: the time, the settings, and the
-//! fence counter.
+//! What a request sees of the writer besides the transaction: the time, the settings, the
+//! fence counter and the partitions.
 
 use crate::engine::tables::tx::Tx;
 use crate::model::clock::Timestamp;
 use crate::model::config::Config;
 use crate::model::pace::Pace;
-use crate::model::record::RecordState;
 
 use std::sync::Arc;
 
 use crate::engine::tables::layout::{InternalTables, META_NEXT_FENCE};
+use crate::engine::tables::partitions::Partitions;
 use crate::engine::watchers::Watchers;
 
 /// Per-request view of the writer's state.
@@ -23,14 +23,11 @@ pub(crate) struct Context<'a> {
     pub(crate) tables: InternalTables,
     /// Claims granted here count as holders at once (see `watchers`).
     pub(crate) watchers: &'a Arc<Watchers>,
+    /// Which partition takes a completed record, and what each may hold.
+    pub(crate) partitions: &'a Partitions,
     /// The writer's fence counter: the next fence to hand out.
     next_fence: &'a mut u64,
-    /// The writer's hint of when a record may first be gone (see [`Context::gone_from`]).
-    gone_from: &'a mut Option<Timestamp>,
     needs: Needs,
-    /// Records and tombstones this request removed beside a key it claimed, for the eviction
-    /// counters.
-    evicted_beside: (u64, u64),
 }
 
 /// What must have happened before a request is answered. Ordered: each includes the ones
@@ -55,8 +52,8 @@ impl<'a> Context<'a> {
         pace: &'a Pace,
         tables: InternalTables,
         watchers: &'a Arc<Watchers>,
+        partitions: &'a Partitions,
         next_fence: &'a mut u64,
-        gone_from: &'a mut Option<Timestamp>,
     ) -> Self {
         Context {
             now,
@@ -64,10 +61,9 @@ impl<'a> Context<'a> {
             pace,
             tables,
             watchers,
+            partitions,
             next_fence,
-            gone_from,
             needs: Needs::Durable,
-            evicted_beside: (0, 0),
         }
     }
 
@@ -78,34 +74,6 @@ impl<'a> Context<'a> {
 
     pub(crate) fn needs(&self) -> Needs {
         self.needs
-    }
-
-    /// Counts a record removed beside a new key, by the state it was stored in (the writer
-    /// counts them only if the request's writes are kept).
-    pub(crate) fn count_evicted_beside(&mut self, removed: &RecordState) {
-        match removed {
-            RecordState::Tombstone { .. } => self.evicted_beside.1 += 1,
-            RecordState::InProgress { .. } | RecordState::Completed { .. } => {
-                self.evicted_beside.0 += 1;
-            }
-        }
-    }
-
-    /// The earliest time a stored record may be gone, if this epoch has read it already: a
-    /// claim then looks beside its key only from that time on. It is read once per epoch
-    /// (the writer resets it), so a record that goes during the epoch is only found from the
-    /// next one; a hint, whose only cost when wrong is a removal left to the sweeper.
-    pub(crate) fn gone_from(&self) -> Option<Timestamp> {
-        *self.gone_from
-    }
-
-    pub(crate) fn set_gone_from(&mut self, at: Timestamp) {
-        *self.gone_from = Some(at);
-    }
-
-    /// Records and tombstones counted by [`Context::count_evicted_beside`].
-    pub(crate) fn evicted_beside(&self) -> (u64, u64) {
-        self.evicted_beside
     }
 
     /// Hands out a fence that was never handed out before, and records the counter in the

@@ -1,6 +1,7 @@
 //! An epoch: groups run in one redb transaction until it should end, then published.
 
 use super::*;
+use crate::engine::tables::overlay::RecordWrite;
 
 /// What one group did.
 #[derive(Debug)]
@@ -11,7 +12,7 @@ pub(super) struct GroupOutcome {
     pub(super) needs: Needs,
     /// In `Wal` mode: the encoded payload for the log (if it wrote anything) and its records.
     pub(super) payload: Option<Arc<Vec<u8>>>,
-    pub(super) records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    pub(super) records: Vec<RecordWrite>,
 }
 
 /// One epoch while it runs: what it wrote, and what it must answer once published.
@@ -70,7 +71,6 @@ impl Writer {
             }
         };
         let mut epoch = Epoch::new();
-        self.gone_from = None;
         self.run_groups(&txn, group, &mut epoch);
         self.publish(txn, epoch);
     }

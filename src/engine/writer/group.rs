@@ -1,9 +1,7 @@
 //! One group of requests: run in the epoch's transaction, then handed to the log.
 
 use super::*;
-
-/// A group's writes to the records table: each key with its new value, or `None` for a delete.
-type GroupRecords = Vec<(Vec<u8>, Option<Vec<u8>>)>;
+use crate::engine::tables::overlay::{RecordTable, RecordWrite};
 
 impl Writer {
     /// Runs jobs from the front of `group` (moving each to `done`) until the group is empty,
@@ -78,15 +76,11 @@ impl Writer {
             &self.shared.pace,
             self.shared.tables,
             &self.shared.watchers,
+            &self.shared.partitions,
             &mut self.next_fence,
-            &mut self.gone_from,
         );
         let keep = job.run(&mut tx, &mut ctx);
         *needs = (*needs).max(ctx.needs());
-        let (records, tombstones) = ctx.evicted_beside();
-        if keep == Keep::Writes && records + tombstones > 0 {
-            self.shared.counters.evicted(records, tombstones);
-        }
         drop(tx);
         (keep, writes)
     }
@@ -112,8 +106,8 @@ impl Writer {
         }
     }
 
-    /// The group's log payload, and its writes to the records table for the overlay.
-    fn frame(&self, kept: Vec<WriteSet>) -> Result<(Arc<Vec<u8>>, GroupRecords), StoreError> {
+    /// The group's log payload, and its writes to the record tables for the overlay.
+    fn frame(&self, kept: Vec<WriteSet>) -> Result<(Arc<Vec<u8>>, Vec<RecordWrite>), StoreError> {
         let mut encoded = Vec::new();
         let registry = &self.shared.registry;
         let ops = kept.iter().flat_map(WriteSet::ops).map(|op| wal::Op {
@@ -124,12 +118,18 @@ impl Writer {
         wal::encode_group(ops, &mut encoded).map_err(|e| StoreError::Internal {
             message: format!("encoding a log frame failed: {e}"),
         })?;
-        let table = self.shared.tables.records;
+        let (claims, done) = (self.shared.tables.claims, self.shared.tables.done);
         let records = kept
             .into_iter()
             .flat_map(WriteSet::into_ops)
-            .filter(|op| op.table == table)
-            .map(|op| (op.key, op.value))
+            .filter_map(|op| {
+                let table = match op.table {
+                    t if t == claims => RecordTable::Claims,
+                    t if t == done => RecordTable::Done,
+                    _ => return None,
+                };
+                Some((table, op.key, op.value))
+            })
             .collect();
         Ok((Arc::new(encoded), records))
     }

@@ -89,8 +89,6 @@ pub(crate) struct Writer {
     pub(super) shared: Shared,
     pub(super) storage: Storage,
     pub(super) next_fence: u64,
-    /// When a record may first be gone, once this epoch has read it (see `Context::gone_from`).
-    pub(super) gone_from: Option<Timestamp>,
     queue: Receiver<Box<dyn Job>>,
     /// How a group becomes durable: by its redb commit, or by the log thread's sync.
     pub(super) mode: Mode,
@@ -142,7 +140,6 @@ impl Writer {
             shared,
             storage,
             next_fence,
-            gone_from: None,
             queue,
             mode,
             unsynced: None,

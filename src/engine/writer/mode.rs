@@ -1,6 +1,7 @@
 //! How the writer makes a group durable, and so how long an epoch lasts: the writer's mode.
 
 use super::*;
+use crate::engine::tables::overlay::RecordWrite;
 
 /// How a group becomes durable (`Durability` in the settings), which decides what an epoch is.
 pub(in crate::engine) enum Mode {
@@ -78,14 +79,14 @@ impl Mode {
 
 /// What the engine hands the log with each group: settled once the group is durable.
 pub(crate) struct Group {
-    /// The group's writes to the records table, for the overlay.
-    records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// The group's writes to the record tables, for the overlay.
+    records: Vec<RecordWrite>,
     /// Its requests, answered once it is durable.
     pub(super) jobs: Vec<Box<dyn Job>>,
 }
 
 impl Group {
-    pub(super) fn new(records: Vec<(Vec<u8>, Option<Vec<u8>>)>, jobs: Vec<Box<dyn Job>>) -> Self {
+    pub(super) fn new(records: Vec<RecordWrite>, jobs: Vec<Box<dyn Job>>) -> Self {
         Group { records, jobs }
     }
 }

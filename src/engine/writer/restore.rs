@@ -18,7 +18,7 @@ use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::wal::{Log, RecoveryReport};
 
 use crate::engine::recovery::catch_up::{self, CaughtUp};
-use crate::engine::recovery::guarded;
+use crate::engine::recovery::{guarded, partitions};
 use crate::engine::writer::{Appends, Mode, Writer, start_log};
 
 /// Whether recovering in place reopens the redb file.
@@ -76,7 +76,14 @@ impl Writer {
             let mut slot = db_slot.write();
             self.trusted_database(&mut slot, reopen)?;
             let db = slot.as_ref().ok_or(StoreError::Closed)?;
-            self.catch_up(db)?
+            let caught_up = self.catch_up(db)?;
+            // What the writer noted of partitions is a superset of what the file holds; the
+            // file is the truth now.
+            guarded(&self.storage, || {
+                partitions::reload(db, &self.shared.partitions).map_err(OpenError::Setup)
+            })
+            .map_err(restore_failed)?;
+            caught_up
         };
         if let Some((dir, start)) = log {
             let thread = start_log(&self.shared, Log::start(dir, start))

@@ -70,6 +70,15 @@ impl RecordState {
     }
 }
 
+/// A stored record's state, read from its bytes without decoding the rest (eviction counts
+/// what it removes by it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StoredState {
+    InProgress,
+    Completed,
+    Tombstone,
+}
+
 /// Where a record stands at a given time, given the store's retention settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Visibility {
@@ -157,6 +166,17 @@ impl Record {
                     Visibility::Gone
                 }
             }
+        }
+    }
+
+    /// The state of an encoded record of any version (the state tag is its second byte in
+    /// every version); `None` for bytes that are no record.
+    pub(crate) fn stored_state(bytes: &[u8]) -> Option<StoredState> {
+        match *bytes.get(1)? {
+            STATE_IN_PROGRESS => Some(StoredState::InProgress),
+            STATE_COMPLETED => Some(StoredState::Completed),
+            STATE_TOMBSTONE => Some(StoredState::Tombstone),
+            _ => None,
         }
     }
 
