@@ -38,6 +38,8 @@
 //! Environment (all optional):
 //! - `TRAFFIC_MAX`: the largest store size (default 1000000); sizes are 100k, 1M, 10M, ... up to
 //!   it (`TRAFFIC_MAX=10000000` for 10M; a max below 100k is the one size);
+//! - `TRAFFIC_SIZES`: the sizes instead, a comma-separated list (`TRAFFIC_SIZES=1000000`: that
+//!   size alone, in a process of its own, so that its peak RSS owes nothing to another size);
 //! - `TRAFFIC_LIVE`: live records in the steady state (default 200000; the full target is
 //!   2000000);
 //! - `TRAFFIC_TURNOVERS`: TTLs to run after the steady fill (default 1);
@@ -46,7 +48,11 @@
 //! - `TRAFFIC_REPLAYS`: keys replayed per size (default 10000);
 //! - `TRAFFIC_KINDS`: `v4,v7` (default), or one of them;
 //! - `TRAFFIC_DIR`: where the temporary store directories go (default the system's temporary
-//!   directory; put it on the disk to measure, not on a tmpfs).
+//!   directory; put it on the disk to measure, not on a tmpfs);
+//! - `TRAFFIC_ROW`: how each pair's 100-byte business row is keyed: `by-number` (default, an
+//!   order number handed out in order, as most services key their rows) or `by-key` (the
+//!   idempotency key itself: with random keys, a business table that grows at random too,
+//!   whose cost is the application's, not the store's).
 
 mod common;
 
@@ -54,7 +60,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::ORDERS;
+use common::{ORDERS, ORDERS_BY_NUMBER, Row};
 use idemstore::{Begin, Fingerprint, Store, Sweep};
 
 const CLIENTS: u64 = 64;
@@ -128,6 +134,12 @@ impl Kind {
     }
 }
 
+/// How every pair's business row is keyed (`TRAFFIC_ROW`).
+fn row() -> Row {
+    static ROW: std::sync::OnceLock<Row> = std::sync::OnceLock::new();
+    *ROW.get_or_init(|| Row::from_env("TRAFFIC_ROW"))
+}
+
 /// A key kept for replays: its client (tenant) and text.
 type Kept = (u64, String);
 
@@ -159,7 +171,7 @@ fn fill(store: &Store, kind: Kind, count: u64, sample: u64) -> Fill {
                         if rng.next() < keep {
                             kept.push((t, key.clone()));
                         }
-                        common::pair(store, &common::scope(t, key));
+                        common::pair_with(store, &common::scope(t, key), row());
                         let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                         let tenth = d * 10 / count;
                         if tenth > (d - 1) * 10 / count {
@@ -244,7 +256,7 @@ fn timed(store: &Store, kind: Kind, duration: Duration, latencies: bool) -> Time
                     while !stop.load(Ordering::Relaxed) {
                         let scope = common::scope(t, kind.key(&mut rng));
                         let at = Instant::now();
-                        common::pair(store, &scope);
+                        common::pair_with(store, &scope, row());
                         if latencies {
                             lat.push(at.elapsed().as_nanos() as u64);
                         }
@@ -386,7 +398,12 @@ fn disk(store: &Store, dir: &Path) -> (u64, u64, u64) {
 /// of the records: redb grows it in large steps (the same 1,074 B/record at 1M whatever the
 /// record size), and does not shrink it.
 fn redb_in_use(dir: &Path) -> (u64, u64) {
-    let db = idemstore::redb::Database::open(dir.join("idemstore.redb")).expect("reopen redb");
+    // A small cache: redb's default (1 GiB) would fill with the pages the count reads, and the
+    // allocator would keep that memory for the next phase's peak RSS.
+    let db = idemstore::redb::Database::builder()
+        .set_cache_size(4 << 20)
+        .open(dir.join("idemstore.redb"))
+        .expect("reopen redb");
     let txn = db.begin_write().expect("a redb write transaction");
     let stats = txn.stats().expect("redb stats");
     let page = stats.page_size() as u64;
@@ -403,7 +420,10 @@ fn temp_dir() -> tempfile::TempDir {
 }
 
 fn open(dir: &Path, ttl: Option<Duration>, sweep: Sweep) -> Store {
-    let builder = Store::builder().table(ORDERS).sweep(sweep);
+    let builder = Store::builder()
+        .table(ORDERS)
+        .table(ORDERS_BY_NUMBER)
+        .sweep(sweep);
     match ttl {
         Some(ttl) => builder.ttl(ttl),
         None => builder,
@@ -720,14 +740,26 @@ fn main() {
             other => panic!("TRAFFIC_KINDS: {other:?} is neither v4 nor v7"),
         })
         .collect();
-    let mut sizes: Vec<u64> = std::iter::successors(Some(100_000u64), |s| s.checked_mul(10))
-        .take_while(|&s| s <= max)
-        .collect();
+    let mut sizes: Vec<u64> = match std::env::var("TRAFFIC_SIZES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .replace('_', "")
+                    .parse()
+                    .unwrap_or_else(|_| panic!("TRAFFIC_SIZES: {s:?} is not a number"))
+            })
+            .collect(),
+        Err(_) => std::iter::successors(Some(100_000u64), |s| s.checked_mul(10))
+            .take_while(|&s| s <= max)
+            .collect(),
+    };
     if sizes.is_empty() {
         sizes.push(max.max(10));
     }
     println!(
-        "traffic: {CLIENTS} clients; sizes {}; kinds {}; steady state {} live; peak RSS {}",
+        "traffic: {CLIENTS} clients; business rows {}; sizes {}; kinds {}; steady state {} live; peak RSS {}",
+        row().name(),
         sizes
             .iter()
             .map(|&s| count(s))

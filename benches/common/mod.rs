@@ -9,8 +9,36 @@ use std::time::Instant;
 use idemstore::redb::TableDefinition;
 use idemstore::{Begin, BoxError, Execution, Fingerprint, Response, Scope, Store, Tx};
 
-/// The business table every pair writes its row to.
+/// The business table every pair writes its row to, keyed by the pair's idempotency key.
 pub const ORDERS: TableDefinition<&str, &[u8]> = TableDefinition::new("orders");
+/// The same rows keyed by an order number the service hands out in order (`Row::ByNumber`).
+pub const ORDERS_BY_NUMBER: TableDefinition<u64, &[u8]> = TableDefinition::new("orders_by_number");
+
+/// How a pair's business row is keyed: by the idempotency key (random when the keys are),
+/// or by an order number the service hands out in order, as most services key their rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Row {
+    ByKey,
+    ByNumber,
+}
+
+impl Row {
+    /// `by-key` or `by-number` from the environment variable `name` (default `by-number`).
+    pub fn from_env(name: &str) -> Row {
+        match std::env::var(name).as_deref() {
+            Ok("by-key") => Row::ByKey,
+            Ok("by-number") | Err(_) => Row::ByNumber,
+            Ok(other) => panic!("{name}={other:?}: by-key or by-number"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Row::ByKey => "keyed by the idempotency key",
+            Row::ByNumber => "keyed by an order number",
+        }
+    }
+}
 /// The business row of a pair.
 pub const ROW: [u8; 100] = [7; 100];
 /// The stored response of a pair.
@@ -50,6 +78,33 @@ fn order(key: String) -> impl FnOnce(&mut Tx<'_>) -> Result<Response, BoxError> 
         tx.insert(&ORDERS, key.as_str(), ROW.as_slice())?;
         Ok(Response::new(201, BODY.to_vec()))
     }
+}
+
+/// The next order number (`Row::ByNumber`), for every store of the process.
+fn next_order_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One pair on `scope`, which must be new, its row keyed as `row` says.
+pub fn pair_with(store: &Store, scope: &Scope, row: Row) {
+    if row == Row::ByKey {
+        return pair(store, scope);
+    }
+    let key = scope.key().to_owned();
+    let Begin::Claimed(claim) = store
+        .begin(scope, Fingerprint::of_bytes(key.as_bytes()))
+        .expect("begin")
+    else {
+        panic!("{scope} was not new");
+    };
+    let number = next_order_number();
+    claim
+        .commit(move |tx| {
+            tx.insert(&ORDERS_BY_NUMBER, number, ROW.as_slice())?;
+            Ok(Response::new(201, BODY.to_vec()))
+        })
+        .expect("commit");
 }
 
 /// One pair on `scope`, which must be new.

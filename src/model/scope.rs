@@ -49,6 +49,14 @@ pub struct Scope {
     operation_len: u8,
 }
 
+/// Whether the debug spans that name a scope are worth building: a `tracing` subscriber takes
+/// debug spans. Building one checks the three parts' UTF-8 again, about a thousand
+/// instructions a request, and `tracing` builds a span's fields even without a subscriber when
+/// its `log` feature is on (axum's default features turn it on), to offer them to `log`.
+pub(crate) fn spans_wanted() -> bool {
+    tracing::enabled!(tracing::Level::DEBUG)
+}
+
 /// The domain of the hash that makes downstream keys (and outbox message ids).
 const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
 

@@ -345,11 +345,13 @@ fn verify_names_a_misplaced_record_and_a_row_that_does_not_cover_its_partition()
             txn.open_table(raw("idemstore.done"))?
                 .insert(key.as_slice(), record.as_slice())?;
             // A row (docs/design.md, "Partitions"): version 1, sealed, 1 record, first at 0,
-            // last expiry at 5 ms, no tombstone end, no tombstones, a filter of one empty block.
+            // last expiry at 5 ms, no tombstone end, no tombstones, a filter (10 bits a key) of
+            // one empty block.
             let mut row = vec![1u8, 1];
             for word in [1u64, 0, 5, 0, 0] {
                 row.extend_from_slice(&word.to_le_bytes());
             }
+            row.push(10);
             row.extend_from_slice(&1u32.to_le_bytes());
             row.extend_from_slice(&[0u8; 64]);
             txn.open_table(raw("idemstore.partitions"))?

@@ -11,7 +11,7 @@ use crate::model::decision::decide;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::record::Record;
 use crate::model::response::Response;
-use crate::model::scope::Scope;
+use crate::model::scope::{Scope, spans_wanted};
 
 use crate::engine::Engine;
 use crate::engine::requests;
@@ -22,6 +22,9 @@ const MAX_WAIT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The span every `begin` runs in.
 fn begin_span(scope: &Scope) -> tracing::Span {
+    if !spans_wanted() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         "idemstore.begin",
         tenant = scope.tenant(),
@@ -32,6 +35,9 @@ fn begin_span(scope: &Scope) -> tracing::Span {
 
 /// The span every `execute` runs in.
 fn execute_span(scope: &Scope) -> tracing::Span {
+    if !spans_wanted() {
+        return tracing::Span::none();
+    }
     tracing::debug_span!(
         "idemstore.execute",
         tenant = scope.tenant(),

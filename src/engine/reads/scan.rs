@@ -137,7 +137,7 @@ impl Engine {
             dead_letters: counted.outbox.dead_letters,
             memory_budget: self.shared.config.memory_budget,
             redb_cache_bytes: self.shared.config.memory().redb_cache,
-            partitions: self.shared.partitions.all().len() as u64,
+            partitions: self.shared.partitions.all().partitions().len() as u64,
             filter_bytes: self.shared.partitions.filter_bytes() as u64,
             ..Stats::default()
         };

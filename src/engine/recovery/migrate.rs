@@ -19,8 +19,8 @@ use crate::model::record::{Record, RecordState};
 
 use super::catch_up::CaughtUp;
 use crate::engine::tables::layout::{
-    CLAIMS, DONE, EXPIRY_V2, FORMAT_VERSION, LEASES_V2, PARTITIONS, RECORDS_V2, TOMBSTONES_V2,
-    split_index_key,
+    CLAIMS, DONE, EXPIRY_V2, FORMAT_VERSION, GENERATIONS, LEASES_V2, PARTITIONS, RECORDS_V2,
+    TOMBSTONES_V2, split_index_key,
 };
 use crate::engine::tables::meta;
 use crate::engine::tables::partitions::hash::{KeyHasher, random_key};
@@ -84,11 +84,7 @@ fn migrate(
         .map_err(|e| redb(e.into()))?;
     txn.set_quick_repair(true);
     let key = random_key();
-    let partitions = Partitions::new(
-        KeyHasher::new(key),
-        config.memory().partition_records,
-        Vec::new(),
-    );
+    let partitions = Partitions::new(KeyHasher::new(key), config.memory().partition_records);
     let mut moved = Moved::default();
     {
         let open = |name| txn.open_table(Raw::new(name)).map_err(|e| redb(e.into()));
@@ -97,6 +93,7 @@ fn migrate(
             claims: open(CLAIMS)?,
             done: open(DONE)?,
             rows: open(PARTITIONS)?,
+            generation_rows: open(GENERATIONS)?,
         };
         let window = config.partition_window();
         for index in [LEASES_V2, EXPIRY_V2, TOMBSTONES_V2] {
@@ -110,7 +107,17 @@ fn migrate(
         tables
             .move_leftovers(&partitions, window, &mut moved)
             .map_err(redb)?;
-        moved.partitions = partitions.all().len() as u64;
+        // Every generation's row, so the first open reads no partition whole but the open one.
+        for generation in partitions.all().generations() {
+            tables
+                .generation_rows
+                .insert(
+                    generation.number().to_be_bytes().as_slice(),
+                    generation.row().as_slice(),
+                )
+                .map_err(|e| redb(e.into()))?;
+        }
+        moved.partitions = partitions.all().partitions().len() as u64;
     }
     for name in [RECORDS_V2, EXPIRY_V2, LEASES_V2, TOMBSTONES_V2] {
         txn.delete_table(Raw::new(name))
@@ -148,6 +155,7 @@ struct Tables<'t> {
     claims: RawTable<'t>,
     done: RawTable<'t>,
     rows: RawTable<'t>,
+    generation_rows: RawTable<'t>,
 }
 
 impl Tables<'_> {
@@ -225,7 +233,7 @@ impl Tables<'_> {
         };
         let chosen = partitions.choose(completed_at, window);
         if let Some(sealed) = chosen.sealed {
-            self.seal(&sealed)?;
+            self.seal(partitions, &sealed)?;
         }
         partitions.note(chosen.number, partitions.hash(scope), record);
         self.done.insert(
@@ -236,12 +244,15 @@ impl Tables<'_> {
         Ok(())
     }
 
-    fn seal(&mut self, partition: &Partition) -> Result<(), redb::Error> {
-        let (info, filter) = partition.info();
-        self.rows.insert(
-            partition.number().to_be_bytes().as_slice(),
-            info.encode(&filter).as_slice(),
-        )?;
+    fn seal(&mut self, partitions: &Partitions, partition: &Partition) -> Result<(), redb::Error> {
+        let rows = partitions.rows(partition);
+        let (number, row) = rows.partition;
+        self.rows
+            .insert(number.to_be_bytes().as_slice(), row.as_slice())?;
+        if let Some((g, row)) = rows.generation {
+            self.generation_rows
+                .insert(g.to_be_bytes().as_slice(), row.as_slice())?;
+        }
         Ok(())
     }
 }

@@ -16,19 +16,19 @@ pub(crate) fn open(db: &Database, config: &Config) -> Result<Partitions, OpenErr
         key: "filter_key",
         detail: "missing".into(),
     })?;
-    let partitions = Partitions::new(
-        KeyHasher::new(key),
-        config.memory().partition_records,
-        Vec::new(),
-    );
+    let partitions = Partitions::new(KeyHasher::new(key), config.memory().partition_records);
     reload(db, &partitions).map_err(OpenError::Setup)?;
     Ok(partitions)
 }
 
 /// Replaces what `partitions` holds by what `db` says.
 pub(crate) fn reload(db: &Database, partitions: &Partitions) -> Result<(), redb::Error> {
-    let found = load(db, partitions)?;
-    tracing::debug!(partitions = found.len(), "partitions read");
-    partitions.replace(found);
+    let (found, generations) = load(db, partitions)?;
+    tracing::debug!(
+        partitions = found.len(),
+        generations = generations.len(),
+        "partitions read"
+    );
+    partitions.replace(found, generations);
     Ok(())
 }

@@ -94,7 +94,9 @@ fn drop_gone(
             return Ok(());
         }
         tx.delete_raw(ctx.tables.partitions, &partition.number().to_be_bytes());
-        ctx.partitions.remove(partition.number());
+        if let Some(g) = ctx.partitions.remove(partition.number()) {
+            tx.delete_raw(ctx.tables.generations, &g.to_be_bytes());
+        }
     }
     if ctx
         .partitions
@@ -192,10 +194,6 @@ fn tombstone_of(record: &Record, ctx: &Context<'_>) -> Option<Record> {
 /// Marks a partition's tombstoning done, in memory and in its row.
 fn finish_tombstoning(tx: &mut Tx<'_>, ctx: &Context<'_>, partition: &Arc<Partition>) {
     partition.mark_tombstoned();
-    let (info, filter) = partition.info();
-    tx.put_raw(
-        ctx.tables.partitions,
-        &partition.number().to_be_bytes(),
-        info.encode(&filter),
-    );
+    let (number, row) = ctx.partitions.rows(partition).partition;
+    tx.put_raw(ctx.tables.partitions, &number.to_be_bytes(), row);
 }

@@ -107,12 +107,12 @@ pub(super) fn write_record(
                 .partitions
                 .choose(ctx.now, ctx.config.partition_window());
             if let Some(sealed) = chosen.sealed {
-                let (info, filter) = sealed.info();
-                tx.put_raw(
-                    ctx.tables.partitions,
-                    &sealed.number().to_be_bytes(),
-                    info.encode(&filter),
-                );
+                let rows = ctx.partitions.rows(&sealed);
+                let (number, row) = rows.partition;
+                tx.put_raw(ctx.tables.partitions, &number.to_be_bytes(), row);
+                if let Some((g, row)) = rows.generation {
+                    tx.put_raw(ctx.tables.generations, &g.to_be_bytes(), row);
+                }
             }
             ctx.partitions
                 .note(chosen.number, ctx.partitions.hash(key), new);

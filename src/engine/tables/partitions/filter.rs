@@ -1,10 +1,10 @@
 //! A blocked Bloom filter: which keys a partition may hold.
 //!
 //! Each key sets 8 bits inside one 64-byte block (one cache line), chosen by the low bits of
-//! its hash; the bits inside the block come from the high bits. A lookup therefore touches one
-//! cache line per partition. At 16 bits per key a filter answers "maybe" for about 0.1% of the
-//! keys it does not hold (a unit test measures it), and never answers "no" for a key it holds:
-//! a "maybe" only costs a lookup that finds nothing, so answers stay exact.
+//! its hash; the bits inside the block come from the high bits. A probe therefore touches one
+//! cache line. At 16 bits per key a filter answers "maybe" for about 0.1% of the keys it does
+//! not hold, at 10 bits about 1% (a unit test measures both), and never answers "no" for a key
+//! it holds: a "maybe" only costs a lookup that finds nothing, so answers stay exact.
 //!
 //! The number of blocks is a power of two, so a filter can be **folded** in half (block `i`
 //! OR block `i + n/2`) and every key still finds its bits: a partition sealed before it filled
@@ -16,8 +16,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Bits per key a filter is sized for.
-pub(crate) const BITS_PER_KEY: u64 = 16;
 /// Bits set per key, all in one block.
 const PROBES: u32 = 8;
 /// Words (of 64 bits) per block: 512 bits, one cache line.
@@ -35,6 +33,8 @@ struct Block([AtomicU64; WORDS]);
 #[derive(Debug)]
 pub(crate) struct Filter {
     blocks: Box<[Block]>,
+    /// Bits per key it is sized for (and folded down to).
+    bits_per_key: u64,
 }
 
 /// The word and bit masks a hash sets in its block.
@@ -49,11 +49,12 @@ fn bits(hash: u64) -> impl Iterator<Item = (usize, u64)> {
 }
 
 impl Filter {
-    /// An empty filter for about `keys` keys.
-    pub(crate) fn with_capacity(keys: u64) -> Self {
-        let blocks = blocks_for(keys);
+    /// An empty filter for about `keys` keys at `bits_per_key`.
+    pub(crate) fn with_capacity(keys: u64, bits_per_key: u64) -> Self {
+        let blocks = blocks_for(keys, bits_per_key);
         Filter {
             blocks: (0..blocks).map(|_| Block::default()).collect(),
+            bits_per_key,
         }
     }
 
@@ -76,10 +77,10 @@ impl Filter {
         bits(hash).all(|(word, mask)| block.0[word].load(Ordering::Acquire) & mask != 0)
     }
 
-    /// A copy folded down to the fewest blocks that still hold `keys` keys at
-    /// [`BITS_PER_KEY`]: a sealed partition's filter, sized for what it holds.
+    /// A copy folded down to the fewest blocks that still hold `keys` keys at its bits per
+    /// key: a sealed partition's filter, sized for what it holds.
     pub(crate) fn folded_for(&self, keys: u64) -> Filter {
-        let target = blocks_for(keys).min(self.blocks.len() as u64) as usize;
+        let target = blocks_for(keys, self.bits_per_key).min(self.blocks.len() as u64) as usize;
         let mut words: Vec<u64> = self
             .blocks
             .iter()
@@ -94,15 +95,16 @@ impl Filter {
             blocks = half;
         }
         words.truncate(blocks * WORDS);
-        Filter::from_words(&words)
+        Filter::from_words(&words, self.bits_per_key)
     }
 
-    fn from_words(words: &[u64]) -> Filter {
+    fn from_words(words: &[u64], bits_per_key: u64) -> Filter {
         Filter {
             blocks: words
                 .chunks_exact(WORDS)
                 .map(|chunk| Block(std::array::from_fn(|i| AtomicU64::new(chunk[i]))))
                 .collect(),
+            bits_per_key,
         }
     }
 
@@ -111,9 +113,10 @@ impl Filter {
         self.blocks.len() * BLOCK_BYTES
     }
 
-    /// `u32 LE block count ‖ each block's 8 words, u64 LE`.
+    /// `u8 bits per key ‖ u32 LE block count ‖ each block's 8 words, u64 LE`.
     pub(crate) fn encode(&self, out: &mut Vec<u8>) {
-        out.reserve(4 + self.bytes());
+        out.reserve(5 + self.bytes());
+        out.push(self.bits_per_key as u8);
         out.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
         for block in self.blocks.iter() {
             for word in &block.0 {
@@ -124,6 +127,12 @@ impl Filter {
 
     /// The filter [`Filter::encode`] wrote at the start of `bytes`, and the bytes after it.
     pub(crate) fn decode(bytes: &[u8]) -> Result<(Filter, &[u8]), String> {
+        let (&bits_per_key, bytes) = bytes
+            .split_first()
+            .ok_or("the filter's bits per key are cut off")?;
+        if !(1..=64).contains(&bits_per_key) {
+            return Err(format!("a filter of {bits_per_key} bits a key (1 to 64)"));
+        }
         let (count, rest) = bytes
             .split_first_chunk::<4>()
             .ok_or("the filter's block count is cut off")?;
@@ -145,13 +154,13 @@ impl Filter {
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
             .collect();
-        Ok((Filter::from_words(&words), rest))
+        Ok((Filter::from_words(&words, u64::from(bits_per_key)), rest))
     }
 }
 
-/// Blocks for `keys` keys: a power of two, at least one.
-fn blocks_for(keys: u64) -> u64 {
-    let bits = keys.saturating_mul(BITS_PER_KEY);
+/// Blocks for `keys` keys at `bits_per_key`: a power of two, at least one.
+fn blocks_for(keys: u64, bits_per_key: u64) -> u64 {
+    let bits = keys.saturating_mul(bits_per_key);
     bits.div_ceil(WORDS as u64 * 64)
         .max(1)
         .next_power_of_two()
@@ -180,27 +189,29 @@ mod tests {
     #[test]
     fn holds_every_key_and_few_others() {
         let keys = 65_536;
-        let filter = Filter::with_capacity(keys);
-        assert_eq!(filter.bytes() as u64, keys * BITS_PER_KEY / 8);
-        for i in 0..keys {
-            filter.insert(hash(i));
+        for (bits, most) in [(16, 0.002), (10, 0.015)] {
+            let filter = Filter::with_capacity(keys, bits);
+            assert_eq!(filter.bytes() as u64, (keys * bits / 8).next_power_of_two());
+            for i in 0..keys {
+                filter.insert(hash(i));
+            }
+            assert!(
+                (0..keys).all(|i| filter.may_contain(hash(i))),
+                "no false negative"
+            );
+            let rate = false_positives(&filter, 1 << 40, 200_000);
+            assert!(rate < most, "{bits} bits a key: false positives {rate}");
         }
-        assert!(
-            (0..keys).all(|i| filter.may_contain(hash(i))),
-            "no false negative"
-        );
-        let rate = false_positives(&filter, 1 << 40, 200_000);
-        assert!(rate < 0.002, "false positives {rate}");
     }
 
     #[test]
     fn folding_keeps_every_key() {
-        let filter = Filter::with_capacity(65_536);
+        let filter = Filter::with_capacity(65_536, 16);
         for i in 0..5_000 {
             filter.insert(hash(i));
         }
         let folded = filter.folded_for(5_000);
-        assert_eq!(folded.bytes() as u64, blocks_for(5_000) * 64);
+        assert_eq!(folded.bytes() as u64, blocks_for(5_000, 16) * 64);
         assert!(folded.bytes() < filter.bytes());
         assert!((0..5_000).all(|i| folded.may_contain(hash(i))));
         let rate = false_positives(&folded, 1 << 40, 100_000);
@@ -211,7 +222,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_refuses_damage() -> Result<(), String> {
-        let filter = Filter::with_capacity(1_000);
+        let filter = Filter::with_capacity(1_000, 16);
         for i in 0..1_000 {
             filter.insert(hash(i));
         }

@@ -13,7 +13,7 @@
 //! 8   max_expires: the latest expires_at of a completed record in it (ms, 0 for none)
 //! 8   max_until: the latest until of a tombstone in it (ms, 0 for none)
 //! 8   tombstones: how many of its records are tombstones
-//! ... the filter (`filter.rs`): u32 block count, then 64 bytes a block
+//! ... the filter (`filter.rs`): u8 bits a key, u32 block count, then 64 bytes a block
 //! ```
 
 use crate::model::clock::Timestamp;
@@ -46,7 +46,7 @@ pub(crate) struct Info {
 
 impl Info {
     pub(crate) fn encode(&self, filter: &Filter) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEAD + 4 + filter.bytes());
+        let mut out = Vec::with_capacity(HEAD + 5 + filter.bytes());
         out.push(VERSION);
         out.push(match self.stage {
             Stage::Sealed => 1,
@@ -110,7 +110,7 @@ mod tests {
 
     #[test]
     fn round_trips_and_refuses_damage() -> Result<(), String> {
-        let filter = Filter::with_capacity(100);
+        let filter = Filter::with_capacity(100, 10);
         filter.insert(42);
         let info = Info {
             records: 100,

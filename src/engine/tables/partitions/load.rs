@@ -2,9 +2,12 @@
 //!
 //! A sealed partition's row holds its figures and filter; a partition without a usable row
 //! (the open one, one sealed by a write that a crash lost, or one whose row is damaged) is read
-//! whole, record by record. Rows are a cache of what the records say, so a damaged one is
-//! rebuilt, never a reason to refuse the store.
+//! whole, record by record. A generation's row holds the filter of its partitions' keys; the
+//! keys of a partition read whole are added to it, and a generation without a usable row is
+//! rebuilt from every key of its partitions. Rows are a cache of what the records say, so a
+//! damaged one is rebuilt, never a reason to refuse the store.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
@@ -12,33 +15,27 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use crate::model::clock::Timestamp;
 use crate::model::record::{Record, RecordState};
 
+use super::generation::{Generation, GenerationNo, generation_of};
 use super::info::Info;
 use super::{Partition, PartitionNo, Partitions, partition_bounds, split_done_key};
-use crate::engine::tables::layout::{DONE, PARTITIONS};
+use crate::engine::tables::layout::{DONE, GENERATIONS, PARTITIONS};
 
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
+/// What an open finds: the partitions and their generations, each ascending.
+pub(crate) type Found = (Vec<Arc<Partition>>, Vec<Arc<Generation>>);
+
 /// Reads every partition of `db` (after its log is replayed): sealed ones from their rows,
 /// the rest from their records. The newest stays open unless it has a row.
-pub(crate) fn load(
-    db: &redb::Database,
-    partitions: &Partitions,
-) -> Result<Vec<Arc<Partition>>, redb::Error> {
+pub(crate) fn load(db: &redb::Database, partitions: &Partitions) -> Result<Found, redb::Error> {
     let txn = db.begin_read()?;
     let done = txn.open_table(Raw::new(DONE))?;
     let rows = txn.open_table(Raw::new(PARTITIONS))?;
-    load_from(&done, &rows, partitions)
-}
-
-/// [`load`] from the two tables, as any read transaction has them open.
-pub(crate) fn load_from(
-    done: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    rows: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    partitions: &Partitions,
-) -> Result<Vec<Arc<Partition>>, redb::Error> {
+    let generation_rows = txn.open_table(Raw::new(GENERATIONS))?;
     let mut found: Vec<Arc<Partition>> = Vec::new();
     let mut rowless: Vec<PartitionNo> = Vec::new();
-    for number in numbers(done)? {
+    let numbers = numbers(&done)?;
+    for &number in &numbers {
         let row = rows.get(number.to_be_bytes().as_slice())?;
         let decoded = row.as_ref().map(|row| Info::decode(row.value()));
         match decoded {
@@ -56,16 +53,50 @@ pub(crate) fn load_from(
             None => rowless.push(number),
         }
     }
-    let newest = rowless.iter().copied().max();
+    let newest = numbers.last().copied();
+    let mut read: BTreeMap<PartitionNo, Vec<u64>> = BTreeMap::new();
     for number in rowless {
-        let partition = read_whole(done, partitions, number)?;
-        if Some(number) != newest || found.iter().any(|p| p.number() > number) {
+        let (partition, hashes) = read_whole(&done, partitions, number)?;
+        if Some(number) != newest {
             partition.seal();
         }
         found.push(Arc::new(partition));
+        read.insert(number, hashes);
     }
     found.sort_by_key(|p| p.number());
-    Ok(found)
+    let mut generations = Vec::new();
+    let mut wanted: Vec<GenerationNo> = numbers.iter().map(|&n| generation_of(n)).collect();
+    wanted.dedup();
+    for g in wanted {
+        let row = generation_rows.get(g.to_be_bytes().as_slice())?;
+        let generation = match row.as_ref().map(|row| Generation::from_row(g, row.value())) {
+            Some(Ok(generation)) => generation,
+            other => {
+                if let Some(Err(detail)) = other {
+                    tracing::warn!(
+                        generation = g,
+                        detail,
+                        "a generation's row is damaged; rebuilding it from its partitions"
+                    );
+                }
+                // Every key of its partitions, those read from rows included.
+                let generation = Generation::new(g, partitions.capacity());
+                for &number in numbers.iter().filter(|&&n| generation_of(n) == g) {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = read.entry(number) {
+                        slot.insert(read_whole(&done, partitions, number)?.1);
+                    }
+                }
+                generation
+            }
+        };
+        for (_, hashes) in read.range(g * 16..=g * 16 + 15) {
+            for &hash in hashes {
+                generation.insert(hash);
+            }
+        }
+        generations.push(Arc::new(generation));
+    }
+    Ok((found, generations))
 }
 
 /// The partition numbers that have records, ascending: one seek a partition.
@@ -93,14 +124,15 @@ fn numbers(
     Ok(out)
 }
 
-/// A partition rebuilt from its records. A record that cannot be read keeps the partition
-/// from ever counting as gone (nothing says when it would be): it is skipped by no lookup and
-/// dropped by no eviction, and the lookup that reaches it reports it.
+/// A partition rebuilt from its records, with the hashes of its keys. A record that cannot
+/// be read keeps the partition from ever counting as gone (nothing says when it would be): it
+/// is skipped by no lookup and dropped by no eviction, and the lookup that reaches it reports
+/// it.
 fn read_whole(
     done: &impl ReadableTable<&'static [u8], &'static [u8]>,
     partitions: &Partitions,
     number: PartitionNo,
-) -> Result<Partition, redb::Error> {
+) -> Result<(Partition, Vec<u64>), redb::Error> {
     let (start, end) = partition_bounds(number);
     let range = match &end {
         Some(end) => done.range::<&[u8]>(start.as_slice()..end.as_slice())?,
@@ -117,11 +149,13 @@ fn read_whole(
         partitions.capacity().max(entries.len() as u64),
         first_at,
     );
+    let mut hashes = Vec::with_capacity(entries.len());
     for (key, value) in &entries {
         let Some((_, scope)) = split_done_key(key) else {
             continue;
         };
         let hash = partitions.hash(scope);
+        hashes.push(hash);
         match Record::decode(value) {
             Ok(
                 record @ Record {
@@ -141,7 +175,7 @@ fn read_whole(
             }
         }
     }
-    Ok(partition)
+    Ok((partition, hashes))
 }
 
 fn completed_at(record: &Record) -> Timestamp {

@@ -8,16 +8,18 @@
 //! whatever the store holds. A partition whose records are all gone is removed whole, in key
 //! order, by eviction: no per-record index and no random page per removal.
 //!
-//! A lookup probes the partitions newest first. Each has a filter of the keys it may hold
-//! ([`filter`]), so a key that is in none of them (every new key) reads no partition at all.
-//! The filters only ever say "maybe" too often, never "no" wrongly, so answers are exact. A
-//! key stored in two partitions (claimed again after its first record was gone) is found in
-//! the newer one first, which is the one that counts.
+//! A lookup probes the partitions newest first. Sixteen consecutive partitions form a
+//! [`generation`] with a filter of all their keys, and each partition has a filter of its own
+//! ([`filter`]): a key in none of them (every new key) probes one filter block per generation
+//! and reads no partition at all. The filters only ever say "maybe" too often, never "no"
+//! wrongly, so answers are exact. A key stored in two partitions (claimed again after its
+//! first record was gone) is found in the newer one first, which is the one that counts.
 //!
 //! This module holds the partitions in memory and decides which partition takes a record and
 //! when one is sealed; the writer writes the records and the sealed partitions' rows.
 
 mod filter;
+pub(crate) mod generation;
 pub(crate) mod hash;
 pub(crate) mod info;
 mod load;
@@ -29,17 +31,58 @@ use std::time::Duration;
 use parking_lot::RwLock;
 
 use crate::model::clock::Timestamp;
+use crate::model::record::Record;
 
+use self::generation::{Generation, GenerationNo, generation_of};
 use self::hash::KeyHasher;
 pub(crate) use self::load::load;
 pub(crate) use self::partition::{Partition, PartitionNo};
 
-/// The partitions of one store, oldest first; the last one is the open one, if any is open.
+/// The partitions and generations of one store, oldest first; the last partition is the open
+/// one, if any is open.
+#[derive(Debug, Default)]
+pub(crate) struct Set {
+    partitions: Vec<Arc<Partition>>,
+    generations: Vec<Arc<Generation>>,
+}
+
+impl Set {
+    /// The partitions, oldest first.
+    pub(crate) fn partitions(&self) -> &[Arc<Partition>] {
+        &self.partitions
+    }
+
+    /// The generations, oldest first.
+    pub(crate) fn generations(&self) -> &[Arc<Generation>] {
+        &self.generations
+    }
+
+    /// The partitions of generation `g`, oldest first.
+    fn of_generation(&self, g: GenerationNo) -> &[Arc<Partition>] {
+        let from = self
+            .partitions
+            .partition_point(|p| generation_of(p.number()) < g);
+        let to = self
+            .partitions
+            .partition_point(|p| generation_of(p.number()) <= g);
+        &self.partitions[from..to]
+    }
+
+    fn generation(&self, g: GenerationNo) -> Option<&Arc<Generation>> {
+        let at = self
+            .generations
+            .binary_search_by_key(&g, |x| x.number())
+            .ok()?;
+        Some(&self.generations[at])
+    }
+}
+
+/// The partitions of one store.
 #[derive(Debug)]
 pub(crate) struct Partitions {
     hasher: KeyHasher,
     capacity: u64,
-    list: RwLock<Arc<[Arc<Partition>]>>,
+    set: RwLock<Arc<Set>>,
 }
 
 /// What choosing the partition for a new record did.
@@ -47,31 +90,55 @@ pub(crate) struct Partitions {
 pub(crate) struct Chosen {
     /// The partition to write into.
     pub(crate) number: PartitionNo,
-    /// The partition that was open until now and is sealed by this choice: its row must be
-    /// written with the record.
+    /// The partition that was open until now and is sealed by this choice: its row and its
+    /// generation's must be written with the record.
     pub(crate) sealed: Option<Arc<Partition>>,
 }
 
+/// The rows a sealed partition's writer stores: the partition's, and its generation's.
+#[derive(Debug)]
+pub(crate) struct Rows {
+    pub(crate) partition: (PartitionNo, Vec<u8>),
+    pub(crate) generation: Option<(GenerationNo, Vec<u8>)>,
+}
+
 impl Partitions {
-    /// The partitions found in the file (ascending), the last of them open if it takes
-    /// records still.
-    pub(crate) fn new(hasher: KeyHasher, capacity: u64, found: Vec<Arc<Partition>>) -> Self {
-        debug_assert!(found.windows(2).all(|w| w[0].number() < w[1].number()));
-        debug_assert!(
-            found.iter().rev().skip(1).all(|p| !p.is_open()),
-            "only the newest partition is open"
-        );
+    /// An empty set; [`Partitions::replace`] fills it with what the file holds.
+    pub(crate) fn new(hasher: KeyHasher, capacity: u64) -> Self {
         Partitions {
             hasher,
             capacity: capacity.max(1),
-            list: RwLock::new(found.into()),
+            set: RwLock::new(Arc::default()),
         }
     }
 
-    /// Replaces what is held by what the file says (after a recovery in place replayed the
-    /// log into it).
-    pub(crate) fn replace(&self, found: Vec<Arc<Partition>>) {
-        *self.list.write() = found.into();
+    /// Replaces what is held by what the file says (at open, and after a recovery in place
+    /// replayed the log into it): partitions and generations, each ascending.
+    pub(crate) fn replace(
+        &self,
+        partitions: Vec<Arc<Partition>>,
+        generations: Vec<Arc<Generation>>,
+    ) {
+        debug_assert!(partitions.windows(2).all(|w| w[0].number() < w[1].number()));
+        debug_assert!(
+            generations
+                .windows(2)
+                .all(|w| w[0].number() < w[1].number())
+        );
+        debug_assert!(
+            partitions.iter().rev().skip(1).all(|p| !p.is_open()),
+            "only the newest partition is open"
+        );
+        debug_assert!(
+            partitions.iter().all(|p| generations
+                .binary_search_by_key(&generation_of(p.number()), |g| g.number())
+                .is_ok()),
+            "every partition's generation is held"
+        );
+        *self.set.write() = Arc::new(Set {
+            partitions,
+            generations,
+        });
     }
 
     /// Records a partition takes before it is sealed.
@@ -84,32 +151,35 @@ impl Partitions {
         self.hasher.hash(scope)
     }
 
-    /// The partitions as they are now, oldest first.
-    pub(crate) fn all(&self) -> Arc<[Arc<Partition>]> {
-        self.list.read().clone()
+    /// The partitions and generations as they are now.
+    pub(crate) fn all(&self) -> Arc<Set> {
+        self.set.read().clone()
     }
 
     /// The partition numbered `number`, if the store has it.
     pub(crate) fn get(&self, number: PartitionNo) -> Option<Arc<Partition>> {
-        let list = self.all();
-        let at = list.binary_search_by_key(&number, |p| p.number()).ok()?;
-        Some(list[at].clone())
+        let set = self.all();
+        let at = set
+            .partitions
+            .binary_search_by_key(&number, |p| p.number())
+            .ok()?;
+        Some(set.partitions[at].clone())
     }
 
     /// The partitions that may hold a key with this hash at `now`, newest first: those not all
-    /// gone whose filter says "maybe".
+    /// gone whose generation's filter and own filter both say "maybe".
     pub(crate) fn candidates(
         &self,
         hash: u64,
         now: Timestamp,
         tombstone_ttl: Duration,
     ) -> Vec<PartitionNo> {
-        self.all()
-            .iter()
-            .rev()
-            .filter(|p| now < p.gone_from(tombstone_ttl) && p.may_hold(hash))
-            .map(|p| p.number())
-            .collect()
+        let mut out = Vec::new();
+        let _ = self.find(hash, now, tombstone_ttl, |number| {
+            out.push(number);
+            Ok::<Option<()>, ()>(None)
+        });
+        out
     }
 
     /// Looks a key up in the partitions that may hold it at `now`, newest first, with `read`
@@ -122,12 +192,18 @@ impl Partitions {
         tombstone_ttl: Duration,
         mut read: impl FnMut(PartitionNo) -> Result<Option<T>, E>,
     ) -> Result<Option<(PartitionNo, T)>, E> {
-        for partition in self.all().iter().rev() {
-            if now >= partition.gone_from(tombstone_ttl) || !partition.may_hold(hash) {
+        let set = self.all();
+        for generation in set.generations.iter().rev() {
+            if !generation.may_hold(hash) {
                 continue;
             }
-            if let Some(found) = read(partition.number())? {
-                return Ok(Some((partition.number(), found)));
+            for partition in set.of_generation(generation.number()).iter().rev() {
+                if now >= partition.gone_from(tombstone_ttl) || !partition.may_hold(hash) {
+                    continue;
+                }
+                if let Some(found) = read(partition.number())? {
+                    return Ok(Some((partition.number(), found)));
+                }
             }
         }
         Ok(None)
@@ -137,27 +213,31 @@ impl Partitions {
     /// older than `window`, in which case it is sealed and the next one opened.
     pub(crate) fn choose(&self, now: Timestamp, window: Duration) -> Chosen {
         {
-            let list = self.list.read();
-            if let Some(open) = list.last().filter(|p| self.takes_more(p, now, window)) {
+            let set = self.set.read();
+            if let Some(open) = set
+                .partitions
+                .last()
+                .filter(|p| self.takes_more(p, now, window))
+            {
                 return Chosen {
                     number: open.number(),
                     sealed: None,
                 };
             }
         }
-        let mut list = self.list.write();
-        let last = list.last().cloned();
+        let mut held = self.set.write();
+        let last = held.partitions.last().cloned();
         if let Some(open) = last.as_ref().filter(|p| self.takes_more(p, now, window)) {
             return Chosen {
                 number: open.number(),
                 sealed: None,
             };
         }
-        let sealed = last.filter(|p| p.is_open());
+        let sealed = last.as_ref().filter(|p| p.is_open()).cloned();
         if let Some(p) = &sealed {
             p.seal();
         }
-        let number = match list.last() {
+        let number = match &last {
             // The numbers never run out in practice (a partition a millisecond for 49 days);
             // if they did, the last one would simply go on taking records.
             Some(last) if last.number() == PartitionNo::MAX => {
@@ -169,9 +249,18 @@ impl Partitions {
             Some(last) => last.number() + 1,
             None => 0,
         };
-        let mut next: Vec<Arc<Partition>> = list.iter().cloned().collect();
-        next.push(Arc::new(Partition::open(number, self.capacity, now)));
-        *list = next.into();
+        let mut next = Set {
+            partitions: held.partitions.clone(),
+            generations: held.generations.clone(),
+        };
+        next.partitions
+            .push(Arc::new(Partition::open(number, self.capacity, now)));
+        let g = generation_of(number);
+        if next.generation(g).is_none() {
+            next.generations
+                .push(Arc::new(Generation::new(g, self.capacity)));
+        }
+        *held = Arc::new(next);
         Chosen { number, sealed }
     }
 
@@ -179,19 +268,32 @@ impl Partitions {
         p.is_open() && p.records() < self.capacity && now < p.first_at().saturating_add(window)
     }
 
-    /// Counts a record written into partition `number` (see [`Partition::note`]).
-    pub(crate) fn note(
-        &self,
-        number: PartitionNo,
-        hash: u64,
-        record: &crate::model::record::Record,
-    ) {
-        match self.get(number) {
-            Some(p) => p.note(hash, record),
-            None => debug_assert!(
+    /// Counts a record written into partition `number` under a key with this hash (see
+    /// [`Partition::note`]), in its generation's filter too.
+    pub(crate) fn note(&self, number: PartitionNo, hash: u64, record: &Record) {
+        let set = self.all();
+        match set.partitions.binary_search_by_key(&number, |p| p.number()) {
+            Ok(at) => set.partitions[at].note(hash, record),
+            Err(_) => debug_assert!(
                 false,
                 "a record written into partition {number}, which is not held"
             ),
+        }
+        if let Some(generation) = set.generation(generation_of(number)) {
+            generation.insert(hash);
+        }
+    }
+
+    /// The rows of a partition (sealed now, or changed): its own, and its generation's.
+    pub(crate) fn rows(&self, partition: &Partition) -> Rows {
+        let (info, filter) = partition.info();
+        let g = generation_of(partition.number());
+        Rows {
+            partition: (partition.number(), info.encode(&filter)),
+            generation: self
+                .all()
+                .generation(g)
+                .map(|generation| (g, generation.row())),
         }
     }
 
@@ -202,15 +304,16 @@ impl Partitions {
         tombstone_ttl: Duration,
     ) -> Option<Arc<Partition>> {
         self.all()
+            .partitions
             .iter()
             .find(|p| now >= p.gone_from(tombstone_ttl))
             .cloned()
     }
 
     /// The oldest partition that holds completed records, all past their TTL and not yet
-    /// turned into tombstones, when the store keeps tombstones. It may be the open one: past every
-    /// TTL in it, it is past its window too (a window is shorter than a TTL), so the next
-    /// record would open a new one anyway; the caller seals it.
+    /// turned into tombstones, when the store keeps tombstones. It may be the open one: past
+    /// every TTL in it, it is past its window too (a window is shorter than a TTL), so the
+    /// next record would open a new one anyway; the caller seals it.
     pub(crate) fn oldest_expired(
         &self,
         now: Timestamp,
@@ -220,6 +323,7 @@ impl Partitions {
             return None;
         }
         self.all()
+            .partitions
             .iter()
             .find(|p| {
                 !p.is_tombstoned()
@@ -230,25 +334,48 @@ impl Partitions {
             .cloned()
     }
 
-    /// Forgets partition `number`: its records and its row are gone.
-    pub(crate) fn remove(&self, number: PartitionNo) {
-        let mut list = self.list.write();
-        let next: Vec<Arc<Partition>> = list
+    /// Forgets partition `number`: its records and its row are gone. Answers its generation's
+    /// number if that held no other partition (its row goes too).
+    pub(crate) fn remove(&self, number: PartitionNo) -> Option<GenerationNo> {
+        let mut held = self.set.write();
+        let partitions: Vec<Arc<Partition>> = held
+            .partitions
             .iter()
             .filter(|p| p.number() != number)
             .cloned()
             .collect();
-        *list = next.into();
+        let g = generation_of(number);
+        let emptied = !partitions.iter().any(|p| generation_of(p.number()) == g);
+        let generations = held
+            .generations
+            .iter()
+            .filter(|x| !(emptied && x.number() == g))
+            .cloned()
+            .collect();
+        *held = Arc::new(Set {
+            partitions,
+            generations,
+        });
+        emptied.then_some(g)
     }
 
     /// Tombstones in every partition.
     pub(crate) fn tombstones(&self) -> u64 {
-        self.all().iter().map(|p| p.tombstones()).sum()
+        self.all().partitions.iter().map(|p| p.tombstones()).sum()
     }
 
-    /// Memory the filters take.
+    /// Memory the filters take, generations' included.
     pub(crate) fn filter_bytes(&self) -> usize {
-        self.all().iter().map(|p| p.filter_bytes()).sum()
+        let set = self.all();
+        set.partitions
+            .iter()
+            .map(|p| p.filter_bytes())
+            .sum::<usize>()
+            + set
+                .generations
+                .iter()
+                .map(|g| g.filter_bytes())
+                .sum::<usize>()
     }
 }
 

@@ -21,6 +21,11 @@ use super::info::{Info, Stage};
 /// A partition's number: the first four bytes (big-endian) of its records' keys.
 pub(crate) type PartitionNo = u32;
 
+/// Bits per key of a partition's own filter: about 1% false positives. It is probed only
+/// where its generation's filter (`generation.rs`, 16 bits a key) says "maybe", to tell which
+/// of the generation's sixteen partitions to read.
+pub(crate) const PARTITION_BITS: u64 = 10;
+
 #[derive(Debug)]
 pub(crate) struct Partition {
     number: PartitionNo,
@@ -53,7 +58,7 @@ impl Partition {
     pub(crate) fn open(number: PartitionNo, capacity: u64, now: Timestamp) -> Self {
         Partition {
             number,
-            filter: Filter::with_capacity(capacity),
+            filter: Filter::with_capacity(capacity, PARTITION_BITS),
             records: AtomicU64::new(0),
             first_at: AtomicU64::new(now.as_millis()),
             max_expires: AtomicU64::new(0),

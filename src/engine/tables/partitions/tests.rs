@@ -14,7 +14,7 @@ fn at(ms: u64) -> Timestamp {
 }
 
 fn partitions(capacity: u64) -> Partitions {
-    Partitions::new(KeyHasher::new([7; 16]), capacity, Vec::new())
+    Partitions::new(KeyHasher::new([7; 16]), capacity)
 }
 
 /// A completed record that expires at `expires`.
@@ -34,7 +34,7 @@ fn completed(expires: u64) -> Record {
 }
 
 fn numbers(p: &Partitions) -> Vec<PartitionNo> {
-    p.all().iter().map(|p| p.number()).collect()
+    p.all().partitions().iter().map(|p| p.number()).collect()
 }
 
 #[test]
@@ -168,4 +168,36 @@ fn a_sealed_partition_rebuilt_from_its_row_answers_as_before() {
     assert!((0..500u64).all(|h| back.may_hold(h.wrapping_mul(0x9e37_79b9_7f4a_7c15))));
     assert_eq!(back.gone_from(Duration::ZERO), at(9_000));
     assert!(!back.is_open());
+}
+
+#[test]
+fn sixteen_partitions_share_a_generation_whose_row_goes_with_the_last() {
+    // One record a partition: every choice after a record seals the open one.
+    let p = partitions(1);
+    for i in 0..20u64 {
+        let chosen = p.choose(at(i), WINDOW);
+        assert_eq!(u64::from(chosen.number), i);
+        p.note(chosen.number, i, &completed(1_000 + i));
+    }
+    let generations: Vec<u32> = p.all().generations().iter().map(|g| g.number()).collect();
+    assert_eq!(generations, [0, 1]);
+    for i in 0..20u64 {
+        let found = p.candidates(i, at(0), Duration::ZERO);
+        assert!(
+            found.contains(&(i as u32)),
+            "key {i} in partition {i}: {found:?}"
+        );
+    }
+    let rows = p.rows(&p.get(3).expect("partition 3"));
+    assert_eq!(rows.partition.0, 3);
+    assert_eq!(rows.generation.map(|(g, _)| g), Some(0));
+    for n in 0..15 {
+        assert_eq!(
+            p.remove(n),
+            None,
+            "partition {n}: its generation holds others"
+        );
+    }
+    assert_eq!(p.remove(15), Some(0), "the last of generation 0");
+    assert_eq!(p.all().generations().len(), 1);
 }
