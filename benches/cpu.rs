@@ -80,6 +80,15 @@ fn measure(label: &str, path: &str, work: &dyn Fn(&Store, &str)) {
         work(&store, &format!("{label}-{r}"));
         let elapsed = started.elapsed().as_secs_f64();
         let (user1, system1) = cpu();
+        if only().is_some() {
+            // Under callgrind, per-epoch work is shared by however many pairs an epoch holds:
+            // say how many, so that counts from two builds can be compared fairly.
+            let stats = store.stats().expect("stats");
+            eprintln!(
+                "{path}: {pairs} pairs, {} groups, {} epochs, {} checkpoints",
+                stats.groups_committed, stats.epochs, stats.checkpoints
+            );
+        }
         runs.push(Run {
             user_us: (user1 - user0) * 1e6 / pairs as f64,
             system_us: (system1 - system0) * 1e6 / pairs as f64,

@@ -11,6 +11,7 @@ mod evict;
 pub(super) mod outbox;
 mod queue;
 mod records;
+mod reply;
 
 use std::time::{Duration, Instant};
 

@@ -6,13 +6,14 @@
 //! rather than refused in a race with the recovery.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::mpsc::{SyncSender, TrySendError};
 
 use redb::Database;
 
 use crate::error::StoreError;
 use crate::wal::RecoveryReport;
 
+use super::reply::reply;
 use crate::engine::Engine;
 use crate::engine::requests::{Request, Tally};
 use crate::engine::writer::job::{ExclusiveTask, Job, ReopenTask, Task};
@@ -28,13 +29,10 @@ impl Engine {
     /// Runs `request` in the writer's next group and returns its answer once the group is
     /// durable.
     pub(crate) fn run<R: Send + 'static>(&self, request: Request<R>) -> Result<R, StoreError> {
-        let (answer, receiver) = sync_channel(1);
+        let (answer, waiter) = reply();
         let (work, kind, tally) = request.into_parts();
-        self.enqueue(Task::boxed(work, kind, move |result| {
-            // The caller may have given up waiting; nobody is left to tell.
-            let _ = answer.send(result);
-        }))?;
-        let answer = receiver.recv().map_err(|_| self.stopped())??;
+        self.enqueue(Task::boxed(work, kind, move |result| answer.send(result)))?;
+        let answer = waiter.recv().ok_or_else(|| self.stopped())??;
         Ok(self.tallied(answer, tally))
     }
 
@@ -76,21 +74,17 @@ impl Engine {
         &self,
         work: impl FnOnce(&mut Database) -> R + Send + 'static,
     ) -> Result<R, StoreError> {
-        let (answer, receiver) = sync_channel(1);
-        self.enqueue(ExclusiveTask::boxed(work, move |result| {
-            let _ = answer.send(result);
-        }))?;
-        receiver.recv().map_err(|_| self.stopped())?
+        let (answer, waiter) = reply();
+        self.enqueue(ExclusiveTask::boxed(work, move |result| answer.send(result)))?;
+        waiter.recv().ok_or_else(|| self.stopped())?
     }
 
     /// Recovers in place, as a reopen of the directory would (see `writer::restore`): after
     /// any failure, even while poisoned.
     pub(crate) fn reopen(&self) -> Result<RecoveryReport, StoreError> {
-        let (answer, receiver) = sync_channel(1);
-        self.enqueue(ReopenTask::boxed(move |result| {
-            let _ = answer.send(result);
-        }))?;
-        receiver.recv().map_err(|_| self.stopped())?
+        let (answer, waiter) = reply();
+        self.enqueue(ReopenTask::boxed(move |result| answer.send(result)))?;
+        waiter.recv().ok_or_else(|| self.stopped())?
     }
 
     /// Queues a job for the writer, waiting for room if the queue is full.
