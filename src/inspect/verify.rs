@@ -384,7 +384,7 @@ impl Inspector {
                 generation: g,
                 detail,
             };
-            let generation = match Generation::from_row(g, &row) {
+            let generation = match Generation::from_row(g, &row, 1) {
                 Ok(generation) => generation,
                 Err(detail) => {
                     v.problems

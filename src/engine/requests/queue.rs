@@ -75,7 +75,9 @@ impl Engine {
         work: impl FnOnce(&mut Database) -> R + Send + 'static,
     ) -> Result<R, StoreError> {
         let (answer, waiter) = reply();
-        self.enqueue(ExclusiveTask::boxed(work, move |result| answer.send(result)))?;
+        self.enqueue(ExclusiveTask::boxed(work, move |result| {
+            answer.send(result)
+        }))?;
         waiter.recv().ok_or_else(|| self.stopped())?
     }
 

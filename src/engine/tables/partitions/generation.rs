@@ -8,8 +8,9 @@
 //! own filters probed, to find which one does.
 //!
 //! Row in `idemstore.generations` (key: the generation's number, u32 BE): `1 version = 1 ‖ the
-//! filter` (`filter.rs`). It is written with every partition row, so it covers every sealed
-//! partition of the generation (and the keys its open partition had then). A generation
+//! filter` (`filter.rs`), folded to the keys it holds so far. It is written with every
+//! partition row, so it covers every sealed partition of the generation (and the keys its
+//! open partition had then); read back, it is grown to its full size again. A generation
 //! without a usable row is rebuilt from its partitions' records when the store opens.
 
 use super::filter::Filter;
@@ -33,6 +34,8 @@ pub(crate) fn generation_of(number: PartitionNo) -> GenerationNo {
 pub(crate) struct Generation {
     number: GenerationNo,
     filter: Filter,
+    /// Keys added so far (an upper bound: a key written twice counts twice), to fold its row.
+    keys: std::sync::atomic::AtomicU64,
 }
 
 impl Generation {
@@ -40,10 +43,8 @@ impl Generation {
     pub(crate) fn new(number: GenerationNo, partition_records: u64) -> Self {
         Generation {
             number,
-            filter: Filter::with_capacity(
-                partition_records.saturating_mul(u64::from(PARTITIONS_PER_GENERATION)),
-                GENERATION_BITS,
-            ),
+            filter: Filter::with_capacity(full(partition_records), GENERATION_BITS),
+            keys: Default::default(),
         }
     }
 
@@ -59,24 +60,42 @@ impl Generation {
     /// Adds a key written to one of its partitions.
     pub(crate) fn insert(&self, hash: u64) {
         self.filter.insert(hash);
+        self.keys.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Its row.
+    /// Counts keys its row's filter holds already (read back at open), so that its next row
+    /// is folded for all of them.
+    pub(crate) fn holds(&self, keys: u64) {
+        self.keys
+            .fetch_add(keys, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Its row: the filter folded to the keys it holds.
     pub(crate) fn row(&self) -> Vec<u8> {
         let mut out = vec![VERSION];
-        self.filter.encode(&mut out);
+        let keys = self.keys.load(std::sync::atomic::Ordering::Relaxed);
+        self.filter.folded_for(keys).encode(&mut out);
         out
     }
 
-    /// The generation a row describes; an error that says what is wrong with the row.
-    pub(crate) fn from_row(number: GenerationNo, row: &[u8]) -> Result<Self, String> {
+    /// The generation a row describes, its filter grown to hold the keys of partitions of
+    /// `partition_records` records; an error that says what is wrong with the row.
+    pub(crate) fn from_row(
+        number: GenerationNo,
+        row: &[u8],
+        partition_records: u64,
+    ) -> Result<Self, String> {
         match row.split_first() {
             Some((&VERSION, rest)) => {
                 let (filter, rest) = Filter::decode(rest)?;
                 if !rest.is_empty() {
                     return Err(format!("{} bytes after the filter", rest.len()));
                 }
-                Ok(Generation { number, filter })
+                Ok(Generation {
+                    number,
+                    filter: filter.expanded_for(full(partition_records)),
+                    keys: Default::default(),
+                })
             }
             Some((version, _)) => Err(format!("row version {version}, this build reads {VERSION}")),
             None => Err("an empty row".into()),
@@ -89,6 +108,11 @@ impl Generation {
     }
 }
 
+/// The keys a generation of partitions of `partition_records` records holds when full.
+fn full(partition_records: u64) -> u64 {
+    partition_records.saturating_mul(u64::from(PARTITIONS_PER_GENERATION))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,16 +122,23 @@ mod tests {
         assert_eq!(generation_of(0), 0);
         assert_eq!(generation_of(15), 0);
         assert_eq!(generation_of(16), 1);
-        let g = Generation::new(3, 100);
+        let g = Generation::new(3, 4_096);
         g.insert(7);
-        let back = Generation::from_row(3, &g.row())?;
+        let row = g.row();
+        assert!(row.len() < 100, "folded to one key: {} bytes", row.len());
+        let back = Generation::from_row(3, &row, 4_096)?;
         assert!(back.may_hold(7));
         assert_eq!(back.number(), 3);
-        assert!(Generation::from_row(3, &[]).is_err());
-        assert!(Generation::from_row(3, &[9, 0, 0, 0, 0]).is_err());
+        assert_eq!(
+            back.filter_bytes(),
+            g.filter_bytes(),
+            "grown back to its full size"
+        );
+        assert!(Generation::from_row(3, &[], 4_096).is_err());
+        assert!(Generation::from_row(3, &[9, 0, 0, 0, 0], 4_096).is_err());
         let mut extra = g.row();
         extra.push(0);
-        assert!(Generation::from_row(3, &extra).is_err());
+        assert!(Generation::from_row(3, &extra, 4_096).is_err());
         Ok(())
     }
 }

@@ -69,8 +69,20 @@ pub(crate) fn load(db: &redb::Database, partitions: &Partitions) -> Result<Found
     wanted.dedup();
     for g in wanted {
         let row = generation_rows.get(g.to_be_bytes().as_slice())?;
-        let generation = match row.as_ref().map(|row| Generation::from_row(g, row.value())) {
-            Some(Ok(generation)) => generation,
+        let generation = match row
+            .as_ref()
+            .map(|row| Generation::from_row(g, row.value(), partitions.capacity()))
+        {
+            Some(Ok(generation)) => {
+                // The keys of its sealed partitions; those read whole are added below.
+                let sealed: u64 = found
+                    .iter()
+                    .filter(|p| generation_of(p.number()) == g && !read.contains_key(&p.number()))
+                    .map(|p| p.records())
+                    .sum();
+                generation.holds(sealed);
+                generation
+            }
             other => {
                 if let Some(Err(detail)) = other {
                     tracing::warn!(
