@@ -48,10 +48,9 @@ pub(crate) use self::watchers::HoldToken;
 #[cfg(feature = "cli")]
 pub(crate) mod layout {
     pub(crate) use super::tables::layout::{
-        CLAIMS, DONE, FORMAT_VERSION, GENERATIONS, META, META_FILTER_KEY, META_FORMAT,
-        META_LOG_CHECKPOINT, META_LOG_SEGMENT, META_NEXT_FENCE, PARTITIONS, format_supported,
+        CLAIMS, DONE, FORMAT_VERSION, META, META_FILTER_KEY, META_FORMAT, META_LOG_CHECKPOINT,
+        META_LOG_SEGMENT, META_NEXT_FENCE, PARTITIONS, format_supported,
     };
-    pub(crate) use super::tables::partitions::generation::{Generation, generation_of};
     pub(crate) use super::tables::partitions::hash::KeyHasher;
     pub(crate) use super::tables::partitions::info::{
         Info as PartitionInfo, Stage as PartitionStage,

@@ -235,7 +235,7 @@ impl Inspector {
             let Some(row) = self.get(&txn, PARTITIONS, &number.to_be_bytes())? else {
                 continue;
             };
-            let Ok((info, _)) = PartitionInfo::decode(&row) else {
+            let Ok((info, _, _)) = PartitionInfo::decode(&row) else {
                 continue;
             };
             tombstones += info.tombstones;

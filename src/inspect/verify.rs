@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use redb::{ReadTransaction, TableHandle};
 
 use crate::engine::layout::{
-    CLAIMS, DONE, GENERATIONS, Generation, KeyHasher, META_FILTER_KEY, META_NEXT_FENCE, PARTITIONS,
-    PartitionInfo, generation_of, split_done_key,
+    CLAIMS, DONE, KeyHasher, META_FILTER_KEY, META_NEXT_FENCE, PARTITIONS, PartitionInfo,
+    split_done_key,
 };
 use crate::error::RecoveryError;
 use crate::model::clock::Timestamp;
@@ -80,15 +80,6 @@ pub enum Problem {
     Partition {
         /// The partition's number.
         partition: u32,
-        /// What is wrong.
-        detail: String,
-    },
-    /// A generation's row (the filter of sixteen partitions' keys) misses keys its partitions
-    /// hold: a lookup that trusts it would not find them.
-    #[error("generation {generation}: {detail}")]
-    Generation {
-        /// The generation's number (a partition's number divided by 16).
-        generation: u32,
         /// What is wrong.
         detail: String,
     },
@@ -291,9 +282,9 @@ impl Inspector {
         Ok(held)
     }
 
-    /// Each sealed partition's row, and each generation's, decodes and covers what its
-    /// partitions hold. A partition or a generation without a row is rebuilt from the records
-    /// when the store opens: not a problem.
+    /// Each sealed partition's row decodes and covers what the partition holds: its count, its
+    /// times, its filter and the key hashes its generation's filter is built from. A partition
+    /// without a row is read whole when the store opens: not a problem.
     fn verify_rows(
         &self,
         txn: &ReadTransaction,
@@ -326,7 +317,7 @@ impl Inspector {
                 partition: number,
                 detail,
             };
-            let (info, filter) = match PartitionInfo::decode(&row) {
+            let (info, filter, hashes) = match PartitionInfo::decode(&row) {
                 Ok(decoded) => decoded,
                 Err(detail) => {
                     v.problems
@@ -358,50 +349,17 @@ impl Inspector {
                         "its filter misses {missing} of its keys: lookups would not find them"
                     )));
                 }
-            }
-        }
-        if let Some(hasher) = &hasher {
-            self.verify_generations(txn, held, hasher, v)?;
-        }
-        Ok(())
-    }
-
-    /// Each generation's row decodes and its filter holds every key of its partitions.
-    fn verify_generations(
-        &self,
-        txn: &ReadTransaction,
-        held: &BTreeMap<u32, Held>,
-        hasher: &KeyHasher,
-        v: &mut Verification,
-    ) -> Result<(), InspectError> {
-        let mut numbers: Vec<u32> = held.keys().map(|&p| generation_of(p)).collect();
-        numbers.dedup();
-        for g in numbers {
-            let Some(row) = self.get(txn, GENERATIONS, &g.to_be_bytes())? else {
-                continue;
-            };
-            let problem = |detail: String| Problem::Generation {
-                generation: g,
-                detail,
-            };
-            let generation = match Generation::from_row(g, &row, 1) {
-                Ok(generation) => generation,
-                Err(detail) => {
-                    v.problems
-                        .push(problem(format!("its row does not decode ({detail})")));
-                    continue;
+                let hashes: std::collections::HashSet<u64> = hashes.into_iter().collect();
+                let unhashed = partition
+                    .scopes
+                    .iter()
+                    .filter(|scope| !hashes.contains(&hasher.hash(scope)))
+                    .count();
+                if unhashed > 0 {
+                    v.problems.push(problem(format!(
+                        "its row lacks the hashes of {unhashed} of its keys: its generation's filter, built from them, would not find them"
+                    )));
                 }
-            };
-            let missing = held
-                .iter()
-                .filter(|(p, _)| generation_of(**p) == g)
-                .flat_map(|(_, partition)| &partition.scopes)
-                .filter(|scope| !generation.may_hold(hasher.hash(scope)))
-                .count();
-            if missing > 0 {
-                v.problems.push(problem(format!(
-                    "its filter misses {missing} of its partitions' keys: lookups would not find them"
-                )));
             }
         }
         Ok(())

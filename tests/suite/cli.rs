@@ -345,15 +345,16 @@ fn verify_names_a_misplaced_record_and_a_row_that_does_not_cover_its_partition()
             txn.open_table(raw("idemstore.done"))?
                 .insert(key.as_slice(), record.as_slice())?;
             // A row (docs/design.md, "Partitions"): version 1, sealed, 1 record, first at 0,
-            // last expiry at 5 ms, no tombstone end, no tombstones, a filter (10 bits a key) of
+            // last expiry at 5 ms, no tombstone end, no tombstones, a filter (8 bits a key) of
             // one empty block.
             let mut row = vec![1u8, 1];
             for word in [1u64, 0, 5, 0, 0] {
                 row.extend_from_slice(&word.to_le_bytes());
             }
-            row.push(10);
+            row.push(8);
             row.extend_from_slice(&1u32.to_le_bytes());
             row.extend_from_slice(&[0u8; 64]);
+            row.extend_from_slice(&0u32.to_le_bytes()); // and no key hashes
             txn.open_table(raw("idemstore.partitions"))?
                 .insert(0u32.to_be_bytes().as_slice(), row.as_slice())?;
         }
@@ -366,10 +367,11 @@ fn verify_names_a_misplaced_record_and_a_row_that_does_not_cover_its_partition()
         "partition 0: its row counts 1 records, it holds 4",
         "partition 0: its row says its records are gone by 5ms",
         "partition 0: its filter misses 4 of its keys",
+        "partition 0: its row lacks the hashes of 4 of its keys",
     ] {
         assert!(r.stdout.contains(problem), "{problem}\n{}", r.stdout);
     }
-    assert!(r.stdout.contains("FAILED: 4 problems"), "{}", r.stdout);
+    assert!(r.stdout.contains("FAILED: 5 problems"), "{}", r.stdout);
     Ok(())
 }
 

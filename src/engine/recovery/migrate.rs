@@ -19,12 +19,12 @@ use crate::model::record::{Record, RecordState};
 
 use super::catch_up::CaughtUp;
 use crate::engine::tables::layout::{
-    CLAIMS, DONE, EXPIRY_V2, FORMAT_VERSION, GENERATIONS, LEASES_V2, PARTITIONS, RECORDS_V2,
-    TOMBSTONES_V2, split_index_key,
+    CLAIMS, DONE, EXPIRY_V2, FORMAT_VERSION, LEASES_V2, PARTITIONS, RECORDS_V2, TOMBSTONES_V2,
+    split_index_key,
 };
 use crate::engine::tables::meta;
 use crate::engine::tables::partitions::hash::{KeyHasher, random_key};
-use crate::engine::tables::partitions::{Partition, Partitions, done_key};
+use crate::engine::tables::partitions::{Partitions, done_key};
 
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 type RawTable<'t> = Table<'t, &'static [u8], &'static [u8]>;
@@ -93,7 +93,6 @@ fn migrate(
             claims: open(CLAIMS)?,
             done: open(DONE)?,
             rows: open(PARTITIONS)?,
-            generation_rows: open(GENERATIONS)?,
         };
         let window = config.partition_window();
         for index in [LEASES_V2, EXPIRY_V2, TOMBSTONES_V2] {
@@ -107,16 +106,6 @@ fn migrate(
         tables
             .move_leftovers(&partitions, window, &mut moved)
             .map_err(redb)?;
-        // Every generation's row, so the first open reads no partition whole but the open one.
-        for generation in partitions.all().generations() {
-            tables
-                .generation_rows
-                .insert(
-                    generation.number().to_be_bytes().as_slice(),
-                    generation.row().as_slice(),
-                )
-                .map_err(|e| redb(e.into()))?;
-        }
         moved.partitions = partitions.all().partitions().len() as u64;
     }
     for name in [RECORDS_V2, EXPIRY_V2, LEASES_V2, TOMBSTONES_V2] {
@@ -155,7 +144,6 @@ struct Tables<'t> {
     claims: RawTable<'t>,
     done: RawTable<'t>,
     rows: RawTable<'t>,
-    generation_rows: RawTable<'t>,
 }
 
 impl Tables<'_> {
@@ -233,7 +221,10 @@ impl Tables<'_> {
         };
         let chosen = partitions.choose(completed_at, window);
         if let Some(sealed) = chosen.sealed {
-            self.seal(partitions, &sealed)?;
+            self.rows.insert(
+                sealed.number().to_be_bytes().as_slice(),
+                Partitions::sealed_row(&sealed).as_slice(),
+            )?;
         }
         partitions.note(chosen.number, partitions.hash(scope), record);
         self.done.insert(
@@ -241,18 +232,6 @@ impl Tables<'_> {
             record.encode().as_slice(),
         )?;
         moved.completed += 1;
-        Ok(())
-    }
-
-    fn seal(&mut self, partitions: &Partitions, partition: &Partition) -> Result<(), redb::Error> {
-        let rows = partitions.rows(partition);
-        let (number, row) = rows.partition;
-        self.rows
-            .insert(number.to_be_bytes().as_slice(), row.as_slice())?;
-        if let Some((g, row)) = rows.generation {
-            self.generation_rows
-                .insert(g.to_be_bytes().as_slice(), row.as_slice())?;
-        }
         Ok(())
     }
 }

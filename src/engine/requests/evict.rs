@@ -14,7 +14,7 @@ use crate::model::maintenance::{Backlog, Evicted};
 use crate::model::record::{Record, RecordState, StoredState};
 
 use crate::engine::tables::layout::decode_stored;
-use crate::engine::tables::partitions::{Partition, partition_bounds, split_done_key};
+use crate::engine::tables::partitions::{Partition, Partitions, partition_bounds, split_done_key};
 use crate::engine::tables::registry::RawEntries;
 use crate::engine::tables::tx::Tx;
 use crate::engine::writer::context::Context;
@@ -94,9 +94,7 @@ fn drop_gone(
             return Ok(());
         }
         tx.delete_raw(ctx.tables.partitions, &partition.number().to_be_bytes());
-        if let Some(g) = ctx.partitions.remove(partition.number()) {
-            tx.delete_raw(ctx.tables.generations, &g.to_be_bytes());
-        }
+        ctx.partitions.remove(partition.number());
     }
     if ctx
         .partitions
@@ -161,7 +159,7 @@ fn tombstone_expired(
             evicted.backlog = Backlog::More;
             return Ok(());
         }
-        finish_tombstoning(tx, ctx, &partition);
+        finish_tombstoning(tx, ctx, &partition)?;
     }
     if ctx
         .partitions
@@ -191,9 +189,18 @@ fn tombstone_of(record: &Record, ctx: &Context<'_>) -> Option<Record> {
     }
 }
 
-/// Marks a partition's tombstoning done, in memory and in its row.
-fn finish_tombstoning(tx: &mut Tx<'_>, ctx: &Context<'_>, partition: &Arc<Partition>) {
+/// Marks a partition's tombstoning done, in memory and in its row (if it has one: one
+/// without is read whole at open, and counts its tombstones then).
+fn finish_tombstoning(
+    tx: &mut Tx<'_>,
+    ctx: &Context<'_>,
+    partition: &Arc<Partition>,
+) -> Result<(), StoreError> {
     partition.mark_tombstoned();
-    let (number, row) = ctx.partitions.rows(partition).partition;
-    tx.put_raw(ctx.tables.partitions, &number.to_be_bytes(), row);
+    let key = partition.number().to_be_bytes();
+    let old = tx.get_raw(ctx.tables.partitions, &key)?;
+    if let Some(row) = Partitions::changed_row(partition, old.as_deref()) {
+        tx.put_raw(ctx.tables.partitions, &key, row);
+    }
+    Ok(())
 }

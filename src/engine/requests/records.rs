@@ -15,7 +15,7 @@ use crate::model::scope::Scope;
 
 use super::answers::ForgetRefusal;
 use crate::engine::tables::layout::decode_stored;
-use crate::engine::tables::partitions::{PartitionNo, done_key};
+use crate::engine::tables::partitions::{PartitionNo, Partitions, done_key};
 use crate::engine::tables::tx::Tx;
 use crate::engine::writer::context::Context;
 use crate::engine::writer::job::Keep;
@@ -107,12 +107,11 @@ pub(super) fn write_record(
                 .partitions
                 .choose(ctx.now, ctx.config.partition_window());
             if let Some(sealed) = chosen.sealed {
-                let rows = ctx.partitions.rows(&sealed);
-                let (number, row) = rows.partition;
-                tx.put_raw(ctx.tables.partitions, &number.to_be_bytes(), row);
-                if let Some((g, row)) = rows.generation {
-                    tx.put_raw(ctx.tables.generations, &g.to_be_bytes(), row);
-                }
+                tx.put_raw(
+                    ctx.tables.partitions,
+                    &sealed.number().to_be_bytes(),
+                    Partitions::sealed_row(&sealed),
+                );
             }
             ctx.partitions
                 .note(chosen.number, ctx.partitions.hash(key), new);

@@ -19,8 +19,6 @@ pub(crate) const CLAIMS: &str = "idemstore.claims";
 pub(crate) const DONE: &str = "idemstore.done";
 /// partition (u32 BE) → a sealed partition's figures and filter (`partitions/info.rs`).
 pub(crate) const PARTITIONS: &str = "idemstore.partitions";
-/// generation (u32 BE) → the filter of sixteen partitions' keys (`partitions/generation.rs`).
-pub(crate) const GENERATIONS: &str = "idemstore.generations";
 /// name → value: format version, fence counter, log checkpoint, filter key.
 pub(crate) const META: &str = "idemstore.meta";
 
@@ -78,20 +76,18 @@ pub(crate) struct InternalTables {
     pub(crate) claims: TableId,
     pub(crate) done: TableId,
     pub(crate) partitions: TableId,
-    pub(crate) generations: TableId,
     pub(crate) meta: TableId,
     pub(crate) outbox: TableId,
     pub(crate) dead_letters: TableId,
 }
 
 impl InternalTables {
-    /// The ids of the tables every epoch opens, in the order they were registered (0 to 6).
-    pub(crate) fn ids(self) -> [TableId; 7] {
+    /// The ids of the tables every epoch opens, in the order they were registered (0 to 5).
+    pub(crate) fn ids(self) -> [TableId; 6] {
         [
             self.claims,
             self.done,
             self.partitions,
-            self.generations,
             self.meta,
             self.outbox,
             self.dead_letters,
@@ -109,7 +105,6 @@ impl InternalTables {
             claims: reg(CLAIMS, Internal::Yes),
             done: reg(DONE, Internal::Yes),
             partitions: reg(PARTITIONS, Internal::Yes),
-            generations: reg(GENERATIONS, Internal::Yes),
             meta: reg(META, Internal::Yes),
             outbox: reg(OUTBOX, Internal::Yes),
             dead_letters: reg(DEAD_LETTERS, Internal::Yes),

@@ -3,7 +3,7 @@
 //! Each key sets 8 bits inside one 64-byte block (one cache line), chosen by the low bits of
 //! its hash; the bits inside the block come from the high bits. A probe therefore touches one
 //! cache line. At 16 bits per key a filter answers "maybe" for about 0.1% of the keys it does
-//! not hold, at 10 bits about 1% (a unit test measures both), and never answers "no" for a key
+//! not hold, at 8 bits about 2.5% (a unit test measures both), and never answers "no" for a key
 //! it holds: a "maybe" only costs a lookup that finds nothing, so answers stay exact.
 //!
 //! The number of blocks is a power of two, so a filter can be **folded** in half (block `i`
@@ -80,39 +80,21 @@ impl Filter {
     /// A copy folded down to the fewest blocks that still hold `keys` keys at its bits per
     /// key: a sealed partition's filter, sized for what it holds.
     pub(crate) fn folded_for(&self, keys: u64) -> Filter {
-        let target = blocks_for(keys, self.bits_per_key).min(self.blocks.len() as u64) as usize;
-        let mut words: Vec<u64> = self
-            .blocks
-            .iter()
-            .flat_map(|b| b.0.iter().map(|w| w.load(Ordering::Acquire)))
-            .collect();
-        let mut blocks = self.blocks.len();
-        while blocks > target {
-            let half = blocks / 2;
-            for i in 0..half * WORDS {
-                words[i] |= words[i + half * WORDS];
-            }
-            blocks = half;
-        }
-        words.truncate(blocks * WORDS);
-        Filter::from_words(&words, self.bits_per_key)
+        Filter::from_words(&self.folded_words(keys), self.bits_per_key)
     }
 
-    /// A copy grown to the blocks `keys` keys need at its bits per key, each block of the copy
-    /// a copy of the block it folds onto (block `i` of `n` for block `j` of `m`, `j mod n = i`):
-    /// every key inserted before is still found, and keys inserted from now on spread over
-    /// every block. The inverse of folding, for a filter kept small on disk and filled on.
-    pub(crate) fn expanded_for(&self, keys: u64) -> Filter {
-        let target = blocks_for(keys, self.bits_per_key).max(self.blocks.len() as u64) as usize;
-        let words: Vec<u64> = (0..target)
-            .flat_map(|j| {
-                self.blocks[j % self.blocks.len()]
-                    .0
-                    .iter()
-                    .map(|w| w.load(Ordering::Acquire))
-            })
-            .collect();
-        Filter::from_words(&words, self.bits_per_key)
+    /// The words of [`Filter::folded_for`], in one pass: folding in half until `target`
+    /// blocks is OR-ing every block into block `index mod target`.
+    fn folded_words(&self, keys: u64) -> Vec<u64> {
+        let target = blocks_for(keys, self.bits_per_key).min(self.blocks.len() as u64) as usize;
+        let mut words = vec![0u64; target * WORDS];
+        for (j, block) in self.blocks.iter().enumerate() {
+            let at = (j % target) * WORDS;
+            for (w, word) in block.0.iter().enumerate() {
+                words[at + w] |= word.load(Ordering::Acquire);
+            }
+        }
+        words
     }
 
     fn from_words(words: &[u64], bits_per_key: u64) -> Filter {
@@ -206,7 +188,7 @@ mod tests {
     #[test]
     fn holds_every_key_and_few_others() {
         let keys = 65_536;
-        for (bits, most) in [(16, 0.002), (10, 0.015)] {
+        for (bits, most) in [(16, 0.002), (8, 0.04)] {
             let filter = Filter::with_capacity(keys, bits);
             assert_eq!(filter.bytes() as u64, (keys * bits / 8).next_power_of_two());
             for i in 0..keys {
@@ -235,18 +217,6 @@ mod tests {
         assert!(rate < 0.005, "false positives after folding {rate}");
         // Folding never grows a filter.
         assert_eq!(filter.folded_for(1 << 30).bytes(), filter.bytes());
-        // Grown back to its size, it holds every key it held, and new ones spread again.
-        let grown = folded.expanded_for(65_536);
-        assert_eq!(grown.bytes(), filter.bytes());
-        assert!((0..5_000).all(|i| grown.may_contain(hash(i))));
-        for i in 5_000..60_000 {
-            grown.insert(hash(i));
-        }
-        assert!((0..60_000).all(|i| grown.may_contain(hash(i))));
-        // The keys it held before it grew sit in every copy of their block: a little more
-        // than a filter filled at its full size (0.6% measured, against 0.1%).
-        let rate = false_positives(&grown, 1 << 40, 100_000);
-        assert!(rate < 0.01, "false positives once grown and filled {rate}");
     }
 
     #[test]
@@ -263,11 +233,13 @@ mod tests {
         assert!((0..1_000).all(|i| back.may_contain(hash(i))));
         assert!(Filter::decode(&bytes[..3]).is_err());
         assert!(Filter::decode(&bytes[..100]).is_err());
+        let with_count = |n: u32| [&[16u8][..], &n.to_le_bytes()].concat();
         assert!(
-            Filter::decode(&3u32.to_le_bytes()).is_err(),
+            Filter::decode(&with_count(3)).is_err(),
             "not a power of two"
         );
-        assert!(Filter::decode(&0u32.to_le_bytes()).is_err());
+        assert!(Filter::decode(&with_count(0)).is_err());
+        assert!(Filter::decode(&[0u8, 1, 0, 0, 0]).is_err(), "no bits a key");
         Ok(())
     }
 }

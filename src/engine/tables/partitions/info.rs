@@ -14,6 +14,8 @@
 //! 8   max_until: the latest until of a tombstone in it (ms, 0 for none)
 //! 8   tombstones: how many of its records are tombstones
 //! ... the filter (`filter.rs`): u8 bits a key, u32 block count, then 64 bytes a block
+//! 4   the number of key hashes n
+//! 8 n the hashes of its keys (u64 LE): its generation's filter is rebuilt from them at open
 //! ```
 
 use crate::model::clock::Timestamp;
@@ -45,8 +47,8 @@ pub(crate) struct Info {
 }
 
 impl Info {
-    pub(crate) fn encode(&self, filter: &Filter) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEAD + 5 + filter.bytes());
+    pub(crate) fn encode(&self, filter: &Filter, hashes: &[u64]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEAD + 5 + filter.bytes() + 4 + 8 * hashes.len());
         out.push(VERSION);
         out.push(match self.stage {
             Stage::Sealed => 1,
@@ -62,11 +64,15 @@ impl Info {
             out.extend_from_slice(&value.to_le_bytes());
         }
         filter.encode(&mut out);
+        out.extend_from_slice(&(hashes.len() as u32).to_le_bytes());
+        for hash in hashes {
+            out.extend_from_slice(&hash.to_le_bytes());
+        }
         out
     }
 
-    /// The row's figures and filter; an error that says what is wrong with it.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<(Info, Filter), String> {
+    /// The row's figures, filter and key hashes; an error that says what is wrong with it.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<(Info, Filter, Vec<u64>), String> {
         if bytes.len() < HEAD {
             return Err(format!(
                 "{} bytes, shorter than the row's head",
@@ -97,10 +103,22 @@ impl Info {
             stage,
         };
         let (filter, rest) = Filter::decode(&bytes[HEAD..])?;
-        if !rest.is_empty() {
-            return Err(format!("{} bytes after the filter", rest.len()));
+        let (count, rest) = rest
+            .split_first_chunk::<4>()
+            .ok_or("the key hashes' count is cut off")?;
+        let count = u32::from_le_bytes(*count) as usize;
+        if rest.len() != count * 8 {
+            return Err(format!(
+                "{count} key hashes need {} bytes, {} are left",
+                count * 8,
+                rest.len()
+            ));
         }
-        Ok((info, filter))
+        let hashes = rest
+            .chunks_exact(8)
+            .map(|h| u64::from_le_bytes(h.try_into().unwrap_or_default()))
+            .collect();
+        Ok((info, filter, hashes))
     }
 }
 
@@ -120,10 +138,11 @@ mod tests {
             tombstones: 40,
             stage: Stage::Tombstoned,
         };
-        let bytes = info.encode(&filter);
-        let (back, back_filter) = Info::decode(&bytes)?;
+        let bytes = info.encode(&filter, &[42, 43]);
+        let (back, back_filter, hashes) = Info::decode(&bytes)?;
         assert_eq!(back, info);
         assert!(back_filter.may_contain(42));
+        assert_eq!(hashes, [42, 43]);
         assert!(Info::decode(&bytes[..HEAD - 1]).is_err());
         assert!(Info::decode(&bytes[..bytes.len() - 1]).is_err());
         let mut extra = bytes.clone();

@@ -1,11 +1,10 @@
 //! The partitions of a store's file, as an open or a recovery in place finds them.
 //!
-//! A sealed partition's row holds its figures and filter; a partition without a usable row
-//! (the open one, one sealed by a write that a crash lost, or one whose row is damaged) is read
-//! whole, record by record. A generation's row holds the filter of its partitions' keys; the
-//! keys of a partition read whole are added to it, and a generation without a usable row is
-//! rebuilt from every key of its partitions. Rows are a cache of what the records say, so a
-//! damaged one is rebuilt, never a reason to refuse the store.
+//! A sealed partition's row holds its figures, its filter and its keys' hashes; a partition
+//! without a usable row (the open one, one sealed by a write that a crash lost, or one whose
+//! row is damaged) is read whole, record by record. A generation's filter is built from the
+//! hashes of its partitions' keys. Rows are a cache of what the records say, so a damaged one
+//! is rebuilt, never a reason to refuse the store.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use crate::model::record::{Record, RecordState};
 use super::generation::{Generation, GenerationNo, generation_of};
 use super::info::Info;
 use super::{Partition, PartitionNo, Partitions, partition_bounds, split_done_key};
-use crate::engine::tables::layout::{DONE, GENERATIONS, PARTITIONS};
+use crate::engine::tables::layout::{DONE, PARTITIONS};
 
 type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 
@@ -26,89 +25,50 @@ type Raw = TableDefinition<'static, &'static [u8], &'static [u8]>;
 pub(crate) type Found = (Vec<Arc<Partition>>, Vec<Arc<Generation>>);
 
 /// Reads every partition of `db` (after its log is replayed): sealed ones from their rows,
-/// the rest from their records. The newest stays open unless it has a row.
+/// the rest from their records; and builds each generation's filter from the hashes of its
+/// partitions' keys. The newest partition stays open unless it has a row.
 pub(crate) fn load(db: &redb::Database, partitions: &Partitions) -> Result<Found, redb::Error> {
     let txn = db.begin_read()?;
     let done = txn.open_table(Raw::new(DONE))?;
     let rows = txn.open_table(Raw::new(PARTITIONS))?;
-    let generation_rows = txn.open_table(Raw::new(GENERATIONS))?;
-    let mut found: Vec<Arc<Partition>> = Vec::new();
-    let mut rowless: Vec<PartitionNo> = Vec::new();
     let numbers = numbers(&done)?;
-    for &number in &numbers {
+    let newest = numbers.last().copied();
+    let mut found: Vec<Arc<Partition>> = Vec::with_capacity(numbers.len());
+    let mut generations: BTreeMap<GenerationNo, Generation> = BTreeMap::new();
+    for number in numbers {
         let row = rows.get(number.to_be_bytes().as_slice())?;
         let decoded = row.as_ref().map(|row| Info::decode(row.value()));
-        match decoded {
-            Some(Ok((info, filter))) => {
-                found.push(Arc::new(Partition::sealed(number, &info, filter)));
-            }
-            Some(Err(detail)) => {
-                tracing::warn!(
-                    partition = number,
-                    detail,
-                    "a partition's row is damaged; reading the partition whole instead"
-                );
-                rowless.push(number);
-            }
-            None => rowless.push(number),
-        }
-    }
-    let newest = numbers.last().copied();
-    let mut read: BTreeMap<PartitionNo, Vec<u64>> = BTreeMap::new();
-    for number in rowless {
-        let (partition, hashes) = read_whole(&done, partitions, number)?;
-        if Some(number) != newest {
-            partition.seal();
-        }
-        found.push(Arc::new(partition));
-        read.insert(number, hashes);
-    }
-    found.sort_by_key(|p| p.number());
-    let mut generations = Vec::new();
-    let mut wanted: Vec<GenerationNo> = numbers.iter().map(|&n| generation_of(n)).collect();
-    wanted.dedup();
-    for g in wanted {
-        let row = generation_rows.get(g.to_be_bytes().as_slice())?;
-        let generation = match row
-            .as_ref()
-            .map(|row| Generation::from_row(g, row.value(), partitions.capacity()))
-        {
-            Some(Ok(generation)) => {
-                // The keys of its sealed partitions; those read whole are added below.
-                let sealed: u64 = found
-                    .iter()
-                    .filter(|p| generation_of(p.number()) == g && !read.contains_key(&p.number()))
-                    .map(|p| p.records())
-                    .sum();
-                generation.holds(sealed);
-                generation
-            }
+        drop(row);
+        let (partition, hashes) = match decoded {
+            Some(Ok((info, filter, hashes))) => (Partition::sealed(number, &info, filter), hashes),
             other => {
                 if let Some(Err(detail)) = other {
                     tracing::warn!(
-                        generation = g,
+                        partition = number,
                         detail,
-                        "a generation's row is damaged; rebuilding it from its partitions"
+                        "a partition's row is damaged; reading the partition whole instead"
                     );
                 }
-                // Every key of its partitions, those read from rows included.
-                let generation = Generation::new(g, partitions.capacity());
-                for &number in numbers.iter().filter(|&&n| generation_of(n) == g) {
-                    if let std::collections::btree_map::Entry::Vacant(slot) = read.entry(number) {
-                        slot.insert(read_whole(&done, partitions, number)?.1);
-                    }
+                let (partition, hashes) = read_whole(&done, partitions, number)?;
+                if Some(number) == newest {
+                    // Open still: its row, when it is sealed, needs every key's hash.
+                    partition.hold_hashes(hashes.clone());
+                } else {
+                    partition.seal();
                 }
-                generation
+                (partition, hashes)
             }
         };
-        for (_, hashes) in read.range(g * 16..=g * 16 + 15) {
-            for &hash in hashes {
-                generation.insert(hash);
-            }
+        let g = generation_of(number);
+        let generation = generations
+            .entry(g)
+            .or_insert_with(|| Generation::new(g, partitions.capacity()));
+        for hash in hashes {
+            generation.insert(hash);
         }
-        generations.push(Arc::new(generation));
+        found.push(Arc::new(partition));
     }
-    Ok((found, generations))
+    Ok((found, generations.into_values().map(Arc::new).collect()))
 }
 
 /// The partition numbers that have records, ascending: one seek a partition.

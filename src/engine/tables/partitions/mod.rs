@@ -35,6 +35,7 @@ use crate::model::record::Record;
 
 use self::generation::{Generation, GenerationNo, generation_of};
 use self::hash::KeyHasher;
+use self::info::Info;
 pub(crate) use self::load::load;
 pub(crate) use self::partition::{Partition, PartitionNo};
 
@@ -53,6 +54,7 @@ impl Set {
     }
 
     /// The generations, oldest first.
+    #[cfg(test)]
     pub(crate) fn generations(&self) -> &[Arc<Generation>] {
         &self.generations
     }
@@ -90,16 +92,9 @@ pub(crate) struct Partitions {
 pub(crate) struct Chosen {
     /// The partition to write into.
     pub(crate) number: PartitionNo,
-    /// The partition that was open until now and is sealed by this choice: its row and its
-    /// generation's must be written with the record.
+    /// The partition that was open until now and is sealed by this choice: its row must be
+    /// written with the record.
     pub(crate) sealed: Option<Arc<Partition>>,
-}
-
-/// The rows a sealed partition's writer stores: the partition's, and its generation's.
-#[derive(Debug)]
-pub(crate) struct Rows {
-    pub(crate) partition: (PartitionNo, Vec<u8>),
-    pub(crate) generation: Option<(GenerationNo, Vec<u8>)>,
 }
 
 impl Partitions {
@@ -284,17 +279,20 @@ impl Partitions {
         }
     }
 
-    /// The rows of a partition (sealed now, or changed): its own, and its generation's.
-    pub(crate) fn rows(&self, partition: &Partition) -> Rows {
+    /// The row of a partition sealed now: its figures, its filter and its keys' hashes (which
+    /// it hands over: memory keeps them only while a partition is open).
+    pub(crate) fn sealed_row(partition: &Partition) -> Vec<u8> {
         let (info, filter) = partition.info();
-        let g = generation_of(partition.number());
-        Rows {
-            partition: (partition.number(), info.encode(&filter)),
-            generation: self
-                .all()
-                .generation(g)
-                .map(|generation| (g, generation.row())),
-        }
+        info.encode(&filter, &partition.take_hashes())
+    }
+
+    /// A sealed partition's row with its figures as they are now, its key hashes taken from
+    /// the row it has (`old`); `None` if it has none (it is then read whole at open, and a row
+    /// without its keys' hashes would hide them from its generation's filter).
+    pub(crate) fn changed_row(partition: &Partition, old: Option<&[u8]>) -> Option<Vec<u8>> {
+        let (_, _, hashes) = Info::decode(old?).ok()?;
+        let (info, filter) = partition.info();
+        Some(info.encode(&filter, &hashes))
     }
 
     /// The oldest partition whose records are all gone at `now`, if any: eviction's next.
@@ -334,9 +332,9 @@ impl Partitions {
             .cloned()
     }
 
-    /// Forgets partition `number`: its records and its row are gone. Answers its generation's
-    /// number if that held no other partition (its row goes too).
-    pub(crate) fn remove(&self, number: PartitionNo) -> Option<GenerationNo> {
+    /// Forgets partition `number`: its records and its row are gone (and its generation with
+    /// it, if it held no other partition).
+    pub(crate) fn remove(&self, number: PartitionNo) {
         let mut held = self.set.write();
         let partitions: Vec<Arc<Partition>> = held
             .partitions
@@ -356,7 +354,6 @@ impl Partitions {
             partitions,
             generations,
         });
-        emptied.then_some(g)
     }
 
     /// Tombstones in every partition.

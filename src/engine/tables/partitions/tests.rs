@@ -161,17 +161,25 @@ fn a_sealed_partition_rebuilt_from_its_row_answers_as_before() {
         .choose(at(61_000), WINDOW)
         .sealed
         .expect("sealed by the window");
-    let (info, filter) = sealed.info();
-    let bytes = info.encode(&filter);
-    let (info, filter) = info::Info::decode(&bytes).expect("a row round-trips");
+    let bytes = Partitions::sealed_row(&sealed);
+    let (info, filter, hashes) = info::Info::decode(&bytes).expect("a row round-trips");
+    let written: Vec<u64> = (0..500u64)
+        .map(|h| h.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    assert_eq!(hashes, written, "the row keeps every key's hash, in order");
+    assert!(sealed.take_hashes().is_empty(), "and memory does not");
     let back = Arc::new(Partition::sealed(0, &info, filter));
-    assert!((0..500u64).all(|h| back.may_hold(h.wrapping_mul(0x9e37_79b9_7f4a_7c15))));
+    assert!(written.iter().all(|&h| back.may_hold(h)));
+    // A changed row keeps the hashes of the row it replaces; without one, there is none.
+    let changed = Partitions::changed_row(&back, Some(&bytes)).expect("a row to change");
+    assert_eq!(info::Info::decode(&changed).expect("decodes").2, written);
+    assert!(Partitions::changed_row(&back, None).is_none());
     assert_eq!(back.gone_from(Duration::ZERO), at(9_000));
     assert!(!back.is_open());
 }
 
 #[test]
-fn sixteen_partitions_share_a_generation_whose_row_goes_with_the_last() {
+fn sixteen_partitions_share_a_generation_that_goes_with_the_last() {
     // One record a partition: every choice after a record seals the open one.
     let p = partitions(1);
     for i in 0..20u64 {
@@ -188,16 +196,14 @@ fn sixteen_partitions_share_a_generation_whose_row_goes_with_the_last() {
             "key {i} in partition {i}: {found:?}"
         );
     }
-    let rows = p.rows(&p.get(3).expect("partition 3"));
-    assert_eq!(rows.partition.0, 3);
-    assert_eq!(rows.generation.map(|(g, _)| g), Some(0));
     for n in 0..15 {
-        assert_eq!(
-            p.remove(n),
-            None,
-            "partition {n}: its generation holds others"
-        );
+        p.remove(n);
+        assert_eq!(p.all().generations().len(), 2, "generation 0 holds others");
     }
-    assert_eq!(p.remove(15), Some(0), "the last of generation 0");
-    assert_eq!(p.all().generations().len(), 1);
+    p.remove(15);
+    assert_eq!(
+        p.all().generations().len(),
+        1,
+        "gone with the last of generation 0"
+    );
 }
