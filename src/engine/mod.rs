@@ -320,6 +320,15 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // The sweeper first: it must not start a pass on a closing store.
         drop(self.sweeper.lock().take());
+        // The open partition gets its row, so the next open need not read it whole (its
+        // start-up then reads rows only). Best effort: a store that cannot write (poisoned,
+        // a full disk), or that is dropped on its own writer, leaves it to be read whole.
+        if std::thread::current().id() != self.writer_id
+            && self.shared.poison.check().is_ok()
+            && self.shared.partitions.open_one().is_some()
+        {
+            let _ = self.run(requests::seal_open());
+        }
         // Closing the queue stops the writer once it has answered everything queued.
         self.queue = None;
         // Waiting for it makes drop-then-reopen work: the file is closed when drop returns. The

@@ -198,6 +198,11 @@ pub(in crate::engine) fn evict(limit: usize) -> Request<Result<Evicted, StoreErr
     Request::new(move |tx: &mut Tx<'_>, ctx: &mut Context<'_>| evict::evict_expired(tx, ctx, limit))
 }
 
+/// The open partition sealed with its row, for a store about to close.
+pub(in crate::engine) fn seal_open() -> Request<()> {
+    Request::new(records::seal_open)
+}
+
 /// Everything acknowledged made durable in redb itself (a checkpoint of the log).
 pub(crate) fn checkpoint_log() -> Request<()> {
     Request {

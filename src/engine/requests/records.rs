@@ -123,6 +123,22 @@ pub(super) fn write_record(
     }
 }
 
+/// Seals the open partition and writes its row, as the record that opens the next one would:
+/// a store that closes leaves every partition with a row, so its next open reads none of them
+/// record by record. The next record after that opens a new partition.
+pub(crate) fn seal_open(tx: &mut Tx<'_>, ctx: &mut Context<'_>) -> (Keep, ()) {
+    let Some(open) = ctx.partitions.open_one() else {
+        return (Keep::Nothing, ());
+    };
+    open.seal();
+    tx.put_raw(
+        ctx.tables.partitions,
+        &open.number().to_be_bytes(),
+        Partitions::sealed_row(&open),
+    );
+    (Keep::Writes, ())
+}
+
 /// `forget`: removes a record, by fence or, for a completed one, by force.
 pub(crate) fn forget(
     tx: &mut Tx<'_>,

@@ -289,3 +289,62 @@ fn lost_rows_are_rebuilt_from_the_records() -> Result<(), Box<dyn std::error::Er
     }
     Ok(())
 }
+
+/// The rows of `idemstore.partitions`, by partition number, read from the closed file.
+fn rows(dir: &std::path::Path) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+
+    let db = redb::Database::open(dir.join("idemstore.redb"))?;
+    let txn = db.begin_read()?;
+    let rows = txn.open_table(TableDefinition::<&[u8], &[u8]>::new("idemstore.partitions"))?;
+    let mut numbers = Vec::new();
+    for row in rows.iter()? {
+        let (key, _) = row?;
+        numbers.push(u32::from_be_bytes(key.value().try_into()?));
+    }
+    Ok(numbers)
+}
+
+#[test]
+fn a_store_closing_seals_its_open_partition_and_the_next_record_opens_another()
+-> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let store = open(dir.path(), &clock)?;
+    for key in ["a", "b", "c"] {
+        pair(&store, key, "first")?;
+    }
+    drop(store);
+    assert_eq!(
+        rows(dir.path())?,
+        [0],
+        "the open partition got its row at close"
+    );
+
+    let store = open(dir.path(), &clock)?;
+    assert_eq!(store.exact_stats()?.partitions, 1);
+    for key in ["a", "b", "c"] {
+        assert_eq!(replayed(&store, key)?, b"first");
+    }
+    pair(&store, "d", "second")?;
+    assert_eq!(
+        store.exact_stats()?.partitions,
+        2,
+        "a sealed partition takes no more records, whatever its size"
+    );
+    drop(store);
+    assert_eq!(rows(dir.path())?, [0, 1]);
+
+    // Opened and closed with nothing written: nothing to seal, no new partition.
+    drop(open(dir.path(), &clock)?);
+    assert_eq!(rows(dir.path())?, [0, 1]);
+    let store = open(dir.path(), &clock)?;
+    for (key, body) in [("a", "first"), ("d", "second")] {
+        assert_eq!(replayed(&store, key)?, body.as_bytes());
+    }
+    assert!(matches!(
+        store.begin(&scope("e")?, fp("e"))?,
+        Begin::Claimed(_)
+    ));
+    Ok(())
+}

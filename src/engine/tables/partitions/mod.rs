@@ -151,6 +151,15 @@ impl Partitions {
         self.set.read().clone()
     }
 
+    /// The open partition, if there is one (the newest, while it takes records).
+    pub(crate) fn open_one(&self) -> Option<Arc<Partition>> {
+        self.all()
+            .partitions
+            .last()
+            .filter(|p| p.is_open())
+            .cloned()
+    }
+
     /// The partition numbered `number`, if the store has it.
     pub(crate) fn get(&self, number: PartitionNo) -> Option<Arc<Partition>> {
         let set = self.all();
