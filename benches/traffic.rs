@@ -24,7 +24,8 @@
 //!    the output says if the kernel refused, in which case it is the process's peak so far);
 //! 6. once the store is closed, what redb says it uses per record: bytes in allocated pages,
 //!    and bytes of keys and values in leaves (`WriteTransaction::stats`). The file's length
-//!    (step 2) moves in redb's large growth steps; these do not.
+//!    (step 2) moves in redb's large growth steps; these do not. Then how long the store
+//!    takes to open again: start-up, with the file in the kernel's page cache.
 //!
 //! Then the **steady state**, v4 keys: a probe store (sweep off) is filled to the live size
 //! to measure the fill rate, and the TTL set to live ÷ rate, so that about that many records
@@ -419,6 +420,16 @@ fn temp_dir() -> tempfile::TempDir {
     .expect("a temporary directory")
 }
 
+/// How long opening the closed store at `dir` takes: start-up, which reads every sealed
+/// partition's row to rebuild the key filters.
+fn reopened(dir: &Path) -> Duration {
+    let started = Instant::now();
+    let store = open(dir, None, Sweep::default());
+    let took = started.elapsed();
+    drop(store);
+    took
+}
+
 fn open(dir: &Path, ttl: Option<Duration>, sweep: Sweep) -> Store {
     let builder = Store::builder()
         .table(ORDERS)
@@ -554,6 +565,11 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
         per(allocated, at_end),
         per(stored, at_end)
     );
+    let reopen = Some(u64::try_from(reopened(dir.path()).as_nanos()).unwrap_or(u64::MAX));
+    println!(
+        "  reopen after a clean close (the file in the page cache): {}",
+        latency(reopen)
+    );
     Column {
         name: format!("{} {}", kind.name(), count(size)),
         cells: [("records (steady: at the end)", records.to_string())]
@@ -580,6 +596,7 @@ fn size(kind: Kind, size: u64, s: &Settings) -> Column {
                     "redb stored key + value B/record (at the end)",
                     per(stored, at_end),
                 ),
+                ("reopen after a clean close", latency(reopen)),
             ])
             .collect(),
     }
