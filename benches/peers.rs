@@ -486,8 +486,10 @@ mod postgres_peers {
 
     use super::{BODY, Made, Peer, ROW, key};
 
-    /// Statements per pair, both peers: the claim; then BEGIN, the business row, the
-    /// completion UPDATE and COMMIT, all through sqlx (one round trip each).
+    /// Statements per pair from one client, both peers: the claim; then BEGIN, the business
+    /// row, the completion UPDATE and COMMIT, all through sqlx (one round trip each). With
+    /// many clients the backend's claims share statements (its claim batches), the
+    /// hand-written peer's do not.
     pub(super) const ROUND_TRIPS: usize = 5;
 
     fn url() -> String {
@@ -1201,7 +1203,7 @@ fn main() {
                 .max_by(|a, b| a.0.total_cmp(&b.0))
         };
         println!(
-            "\n| PostgreSQL: backend / hand-written ({} round trips per pair each) | value |",
+            "\n| PostgreSQL: backend / hand-written ({} round trips per pair each at one client) | value |",
             postgres_peers::ROUND_TRIPS
         );
         println!("| --- | --- |");

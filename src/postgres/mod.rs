@@ -17,6 +17,7 @@
 //! - `outbox`: published messages, the relay's lock and reads, the dead letters;
 //! - `driver`: what the driver's errors mean, and the time limit on every call.
 
+mod batch;
 mod bounds;
 mod claim;
 mod codec;

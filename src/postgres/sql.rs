@@ -19,8 +19,10 @@ fn now(n: usize) -> String {
 /// The statements of one store.
 #[derive(Debug)]
 pub(crate) struct Sql {
-    /// The claim: `$1..$3` scope, `$4` fingerprint, `$5` lease ms, `$6` now, `$7` tombstone
-    /// TTL ms. Returns a row only when it claimed or took over.
+    /// The claim of one or several scopes at once: `$1..$3` their tenants, operations and
+    /// keys, `$4` their fingerprints (four arrays of one length, no scope twice), `$5` lease
+    /// ms, `$6` now, `$7` tombstone TTL ms. Returns a row, with its scope, for each scope it
+    /// claimed or took over.
     pub(crate) claim: Arc<str>,
     /// The record and the time, for a claim that wrote nothing: `$1..$3` scope, `$4` now.
     pub(crate) lookup: Arc<str>,
@@ -101,18 +103,28 @@ impl Sql {
 
 // Claims: the claim, what a claim that wrote nothing answers from, and what a holder does.
 
-/// One statement decides and writes. A conflict updates only when the scope may be claimed:
-/// an expired lease of the same request (a take-over: attempt + 1, the checkpoint and first
-/// claim kept), or a completed record or tombstone past its time (gone: a fresh claim).
-/// Anything else updates nothing and returns no row; the caller then reads the record to
-/// answer without writing.
+/// One statement decides and writes, for every scope in it. A conflict updates only when the
+/// scope may be claimed: an expired lease of the same request (a take-over: attempt + 1, the
+/// checkpoint and first claim kept), or a completed record or tombstone past its time (gone: a
+/// fresh claim). Anything else updates nothing and returns no row for that scope; its caller
+/// then reads the record to answer without writing.
+///
+/// The scopes come as arrays, so one statement (one round trip, one WAL flush) claims a whole
+/// batch of concurrent `begin`s; a single `begin` is a batch of one. Each row draws its own
+/// fence (`nextval` in the select list runs once a row), and the rows are inserted in key
+/// order, so two batches lock the scopes they share in the same order.
 fn claim(names: &Names) -> String {
     let (r, fences) = (&names.records, &names.fences);
     format!(
         "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
              origin_fence, attempt, created_ms, lease_until_ms)
-         SELECT $1, $2, $3, $4, {IN_PROGRESS}, f.fence, f.fence, 1, t.now, t.now + $5::bigint
-         FROM (SELECT {now6} AS now) AS t, (SELECT nextval('{fences}') AS fence) AS f
+         SELECT q.tenant, q.operation, q.key, q.fingerprint, {IN_PROGRESS}, q.fence, q.fence, 1,
+                t.now, t.now + $5::bigint
+         FROM (SELECT {now6} AS now) AS t,
+              (SELECT u.tenant, u.operation, u.key, u.fingerprint, nextval('{fences}') AS fence
+               FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
+                    AS u(tenant, operation, key, fingerprint)
+               ORDER BY u.tenant, u.operation, u.key) AS q
          ON CONFLICT (tenant, operation, key) DO UPDATE SET
              fence = EXCLUDED.fence,
              origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
@@ -131,7 +143,8 @@ fn claim(names: &Names) -> String {
                 AND r.lease_until_ms <= EXCLUDED.created_ms)
             OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
             OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
-         RETURNING r.fence, r.origin_fence, r.attempt, r.lease_until_ms, r.checkpoint",
+         RETURNING r.tenant, r.operation, r.key, r.fence, r.origin_fence, r.attempt,
+                   r.lease_until_ms, r.checkpoint",
         now6 = now(6)
     )
 }

@@ -1,6 +1,7 @@
 //! [`PgStore`]: the store side of the protocol over PostgreSQL: `begin` (one upsert that
 //! claims, else one read that answers), eviction, the abandoned-work listing and stats.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
+use super::batch::{self, Batches, Columns, Joined, Waiting};
 use super::claim::PgClaim;
 use super::config::{Config, PgBuilder, duration_i64};
 use super::driver::{backend, timed};
@@ -108,6 +110,8 @@ pub(crate) struct Inner {
     pub(crate) pace: Pace,
     /// Completions and releases announced by the database, for `begin_or_wait`.
     pub(crate) wakeups: Wakeups,
+    /// The claims of concurrent `begin`s, waiting to go in one statement.
+    batches: Batches,
     sweeper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -160,6 +164,7 @@ impl PgStore {
                 counters: Outcomes::default(),
                 pace: Pace::default(),
                 wakeups: Wakeups::new(),
+                batches: Batches::default(),
                 sweeper: parking_lot::Mutex::new(None),
             }),
         };
@@ -185,20 +190,38 @@ impl PgStore {
         hex(scope.encode())
     }
 
-    /// One `begin`: the claiming upsert; if it wrote nothing, the read that answers. Both on
-    /// one pooled connection, autocommitted.
+    /// One `begin`: the claiming upsert, in one statement with the other `begin`s of this
+    /// store that arrive while one is out (see `batch`); if it claimed nothing for `scope`,
+    /// the read that answers, on a pooled connection. Autocommitted.
     pub(crate) async fn begin_once(
         &self,
         scope: &Scope,
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
-        let mut conn = timed(self.call_limit(), "claim", self.inner.pool.acquire()).await?;
-        self.begin_on(&mut conn, scope, fingerprint).await
+        let started = std::time::Instant::now();
+        for _ in 0..RACES {
+            if let Some(row) = self.claim_in_batch(scope, fingerprint).await? {
+                return self.claimed(scope, fingerprint, &row, started);
+            }
+            let mut conn = timed(
+                self.call_limit(),
+                "read a record",
+                self.inner.pool.acquire(),
+            )
+            .await?;
+            if let Some(answer) = self
+                .answer_unclaimed(&mut conn, scope, fingerprint, started)
+                .await?
+            {
+                return Ok(answer);
+            }
+        }
+        Err(Self::raced(scope))
     }
 
-    /// The claiming upsert on `conn`, then, if it wrote nothing, the read that answers:
-    /// `begin`'s rule, for `begin` (autocommitted) and for `execute` (inside the transaction
-    /// that will hold the business writes). Counts the answer.
+    /// `begin`'s rule on `conn`, inside the transaction that will hold the business writes
+    /// (`execute`): the claiming upsert for `scope` alone, then, if it wrote nothing, the read
+    /// that answers.
     pub(crate) async fn begin_on(
         &self,
         conn: &mut PgConnection,
@@ -206,61 +229,165 @@ impl PgStore {
         fingerprint: Fingerprint,
     ) -> Result<Begin<PgClaim>, StoreError> {
         let started = std::time::Instant::now();
-        let inner = &self.inner;
-        let (config, limit) = (&inner.config, self.call_limit());
-        let tombstone_ms = duration_i64(config.tombstone_ttl);
         for _ in 0..RACES {
-            let claimed = timed(
-                limit,
-                "claim",
-                sqlx::query(AssertSqlSafe(inner.sql.claim.clone()))
-                    .bind(scope.tenant())
-                    .bind(scope.operation())
-                    .bind(scope.key())
-                    .bind(&fingerprint.as_bytes()[..])
-                    .bind(duration_i64(config.lease))
-                    .bind(config.now())
-                    .bind(tombstone_ms)
-                    .fetch_optional(&mut *conn),
-            )
-            .await?;
-            if let Some(row) = claimed {
-                let claim = PgClaim::from_row(self.clone(), scope.clone(), fingerprint, &row)?;
-                let answer = if claim.holding.attempt() == 1 {
-                    Begin::Claimed(claim)
-                } else {
-                    Begin::Recovered(claim)
-                };
-                inner.counters.answered(&answer, None, started.elapsed());
-                return Ok(answer);
+            let mut rows = self.claim_rows(conn, &[(scope, fingerprint)]).await?;
+            if let Some(row) = rows.pop() {
+                return self.claimed(scope, fingerprint, &row, started);
             }
-            let found = timed(
-                limit,
-                "read a record",
-                sqlx::query(AssertSqlSafe(inner.sql.lookup.clone()))
-                    .bind(scope.tenant())
-                    .bind(scope.operation())
-                    .bind(scope.key())
-                    .bind(config.now())
-                    .fetch_optional(&mut *conn),
-            )
-            .await?;
-            // Gone between the two statements (released, evicted): claim again.
-            let Some(row) = found else { continue };
-            let (record, now) = record_of(scope, &row)?;
-            let decided = decide(Some(&record), &fingerprint, now, config.tombstone_ttl);
-            // `None`: the record became claimable between the two statements.
-            if let Some(answer) = Begin::without_writing(decided, &inner.pace, scope.operation()) {
-                inner.counters.answered(&answer, None, started.elapsed());
+            if let Some(answer) = self
+                .answer_unclaimed(conn, scope, fingerprint, started)
+                .await?
+            {
                 return Ok(answer);
             }
         }
-        Err(StoreError::Backend {
+        Err(Self::raced(scope))
+    }
+
+    /// The claim statement for `scopes` on `conn`: a row, with its scope, for each it claimed.
+    async fn claim_rows(
+        &self,
+        conn: &mut PgConnection,
+        scopes: &[(&Scope, Fingerprint)],
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let config = &self.inner.config;
+        let column = |f: fn(&Scope) -> &str| -> Vec<String> {
+            scopes.iter().map(|(s, _)| f(s).to_owned()).collect()
+        };
+        let fingerprints: Vec<Vec<u8>> = scopes
+            .iter()
+            .map(|(_, fp)| fp.as_bytes().to_vec())
+            .collect();
+        timed(
+            self.call_limit(),
+            "claim",
+            sqlx::query(AssertSqlSafe(self.inner.sql.claim.clone()))
+                .bind(column(Scope::tenant))
+                .bind(column(Scope::operation))
+                .bind(column(Scope::key))
+                .bind(fingerprints)
+                .bind(duration_i64(config.lease))
+                .bind(config.now())
+                .bind(duration_i64(config.tombstone_ttl))
+                .fetch_all(&mut *conn),
+        )
+        .await
+    }
+
+    /// Queues the claim of `scope` for the next statement, starting a runner if one is free,
+    /// and waits for its answer. The runner's own calls are bounded; this bounds the wait for
+    /// its turn too (two statements ahead of it at most, and its own).
+    async fn claim_in_batch(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<PgRow>, StoreError> {
+        let (joined, answer) = self.inner.batches.join(scope.clone(), fingerprint);
+        if let Joined::StartRunner = joined {
+            tokio::spawn(self.clone().run_batches());
+        }
+        let limit = self.call_limit().saturating_mul(3);
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StoreError::Backend {
+                message: "claim: the statement carrying it ended without an answer".into(),
+            }),
+            Err(_) => Err(StoreError::Backend {
+                message: format!("claim: no answer from the database within {limit:?}").into(),
+            }),
+        }
+    }
+
+    /// A runner: claims what waits, a batch a statement, until nothing does.
+    async fn run_batches(self) {
+        let batches = &self.inner.batches;
+        let mut slot = batches.slot();
+        while let Some(batch) = batches.next(&mut slot) {
+            let claimed = self.claim_batch(&batch).await;
+            batch::answer(batch, claimed);
+        }
+    }
+
+    /// One statement for `batch`, on a pooled connection: the rows it claimed, by scope.
+    async fn claim_batch(&self, batch: &[Waiting]) -> Result<HashMap<Columns, PgRow>, StoreError> {
+        let mut conn = timed(self.call_limit(), "claim", self.inner.pool.acquire()).await?;
+        let scopes: Vec<(&Scope, Fingerprint)> =
+            batch.iter().map(|w| (&w.scope, w.fingerprint)).collect();
+        let rows = self.claim_rows(&mut conn, &scopes).await?;
+        let read = |e: sqlx::Error| backend("read a claimed row", &e);
+        rows.into_iter()
+            .map(|row| {
+                let columns = (
+                    row.try_get("tenant").map_err(read)?,
+                    row.try_get("operation").map_err(read)?,
+                    row.try_get("key").map_err(read)?,
+                );
+                Ok((columns, row))
+            })
+            .collect()
+    }
+
+    /// The answer for a claim the statement made: `Claimed`, or `Recovered` for a take-over.
+    fn claimed(
+        &self,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        row: &PgRow,
+        started: std::time::Instant,
+    ) -> Result<Begin<PgClaim>, StoreError> {
+        let claim = PgClaim::from_row(self.clone(), scope.clone(), fingerprint, row)?;
+        let answer = if claim.holding.attempt() == 1 {
+            Begin::Claimed(claim)
+        } else {
+            Begin::Recovered(claim)
+        };
+        self.inner
+            .counters
+            .answered(&answer, None, started.elapsed());
+        Ok(answer)
+    }
+
+    /// The answer for a scope the statement did not claim, from its record read on `conn`;
+    /// `None` if it became claimable (or went) in between: claim again.
+    async fn answer_unclaimed(
+        &self,
+        conn: &mut PgConnection,
+        scope: &Scope,
+        fingerprint: Fingerprint,
+        started: std::time::Instant,
+    ) -> Result<Option<Begin<PgClaim>>, StoreError> {
+        let inner = &self.inner;
+        let found = timed(
+            self.call_limit(),
+            "read a record",
+            sqlx::query(AssertSqlSafe(inner.sql.lookup.clone()))
+                .bind(scope.tenant())
+                .bind(scope.operation())
+                .bind(scope.key())
+                .bind(inner.config.now())
+                .fetch_optional(&mut *conn),
+        )
+        .await?;
+        // Gone between the two statements (released, evicted): claim again.
+        let Some(row) = found else { return Ok(None) };
+        let (record, now) = record_of(scope, &row)?;
+        let decided = decide(Some(&record), &fingerprint, now, inner.config.tombstone_ttl);
+        // `None`: the record became claimable between the two statements.
+        let answer = Begin::without_writing(decided, &inner.pace, scope.operation());
+        if let Some(answer) = &answer {
+            inner.counters.answered(answer, None, started.elapsed());
+        }
+        Ok(answer)
+    }
+
+    /// The error of a `begin` that lost [`RACES`] races in a row.
+    fn raced(scope: &Scope) -> StoreError {
+        StoreError::Backend {
             message: format!(
                 "the record for {scope} changed between claim and read {RACES} times in a row; retry"
             )
             .into(),
-        })
+        }
     }
 
     /// Marks `scope`'s in-progress record as waited for, so that its completion or release

@@ -212,6 +212,7 @@ macro_rules! conformance_suite {
             tenants_never_see_each_other,
             sixty_four_racing_tasks_run_each_key_once,
             sixty_four_racing_take_overs_recover_once,
+            a_burst_of_begins_gets_one_claim_per_key_and_exact_answers,
             execute_runs_once_and_replays_byte_for_byte,
             failed_or_panicked_execute_writes_nothing,
             execute_defers_to_a_live_claim_and_takes_over_an_expired_one,

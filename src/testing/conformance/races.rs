@@ -103,3 +103,77 @@ pub async fn sixty_four_racing_take_overs_recover_once<H: Harness>(
     drop(crashed);
     Ok(())
 }
+
+/// 80 `begin`s released at once: 16 keys, each begun by four tasks with one request and by a
+/// fifth with another, so the backend's group commit (the local writer's groups, the
+/// PostgreSQL claim batches) holds keys twice, new keys, and mismatches together. Each key is
+/// claimed exactly once, with a fence of its own; every other `begin` of it answers what its
+/// request makes of the claim (`InProgress` for the same request, `Mismatch` for another); and
+/// once completed, each claimer's request replays.
+pub async fn a_burst_of_begins_gets_one_claim_per_key_and_exact_answers<H: Harness>(
+    harness: &H,
+) -> Result<(), BoxError> {
+    const KEYS: usize = 16;
+    let backend = harness.open(Settings::default(), clock()).await?;
+    let start = Arc::new(tokio::sync::Barrier::new(KEYS * 5));
+    let mut racing = tokio::task::JoinSet::new();
+    for k in 0..KEYS {
+        for task in 0..5 {
+            let (backend, start) = (backend.clone(), start.clone());
+            let request = if task == 4 {
+                "another request"
+            } else {
+                "the request"
+            };
+            racing.spawn(async move {
+                let key = scope("tenant-a", &format!("burst-{k:02}"));
+                start.wait().await;
+                let answer = backend.begin(&key, fingerprint(request)).await?;
+                Ok::<_, BoxError>((k, request, answer))
+            });
+        }
+    }
+    let mut answers: Vec<Vec<(&str, Begin<_>)>> = (0..KEYS).map(|_| Vec::new()).collect();
+    while let Some(done) = racing.join_next().await {
+        let (k, request, answer) = done??;
+        answers[k].push((request, answer));
+    }
+    let mut fences = HashSet::new();
+    for (k, answered) in answers.into_iter().enumerate() {
+        let (mut claims, mut others) = (Vec::new(), Vec::new());
+        for (request, answer) in answered {
+            match answer {
+                Begin::Claimed(claim) => claims.push((request, claim)),
+                other => others.push((request, other)),
+            }
+        }
+        assert_eq!(claims.len(), 1, "key {k}: claims");
+        let (winner, claim) = claims.pop().ok_or("no claim")?;
+        assert!(
+            fences.insert(claim.fence()),
+            "key {k}: a fence handed out twice"
+        );
+        for (request, other) in &others {
+            match other {
+                Begin::InProgress { .. } if *request == winner => {}
+                Begin::Mismatch if *request != winner => {}
+                other => {
+                    return Err(format!(
+                        "key {k}: {request:?} got {} while {winner:?} held the key",
+                        other.outcome()
+                    )
+                    .into());
+                }
+            }
+        }
+        claim
+            .complete(Response::new(201, format!("burst {k}")))
+            .await?;
+        let key = scope("tenant-a", &format!("burst-{k:02}"));
+        match backend.begin(&key, fingerprint(winner)).await? {
+            Begin::Replay(response) => assert_eq!(response.body(), format!("burst {k}").as_bytes()),
+            other => return Err(format!("key {k}: a retry got {}", other.outcome()).into()),
+        }
+    }
+    Ok(())
+}
