@@ -537,9 +537,14 @@ mod postgres_peers {
 
     /// What the server did per pair, counted on its side: WAL bytes written
     /// (`pg_current_wal_lsn()` before and after) and transactions that wrote (transaction ids
-    /// handed out: the next xid before and after; reads take none), over `pairs` pairs from one
-    /// client after a warm-up. The whole server's counters: on a quiet database, the peer's.
-    pub(super) fn server_cost(peer: &dyn Peer, pairs: u64) -> Result<(f64, f64), String> {
+    /// handed out: the next xid before and after; reads take none), over `pairs` pairs from
+    /// `clients` threads after a warm-up. The whole server's counters: on a quiet database,
+    /// the peer's.
+    pub(super) fn server_cost(
+        peer: &dyn Peer,
+        clients: usize,
+        pairs: u64,
+    ) -> Result<(f64, f64), String> {
         let runtime = runtime();
         let admin = runtime
             .block_on(PgPool::connect(&url()))
@@ -559,11 +564,18 @@ mod postgres_peers {
             peer.pair(0, i);
         }
         let (wal0, xid0) = read()?;
-        for i in 100..100 + pairs {
-            peer.pair(0, i);
-        }
+        let each = pairs / clients as u64;
+        std::thread::scope(|threads| {
+            for client in 0..clients {
+                threads.spawn(move || {
+                    for i in 100..100 + each {
+                        peer.pair(client, i);
+                    }
+                });
+            }
+        });
         let (wal1, xid1) = read()?;
-        let n = pairs as f64;
+        let n = (each * clients as u64) as f64;
         Ok(((wal1 - wal0) as f64 / n, (xid1 - xid0) as f64 / n))
     }
 
@@ -1005,25 +1017,38 @@ fn main() {
                 &|_| postgres_peers::HandWritten::open(pool),
             );
         }
-        // What the server did per pair, on each path: one client, 2,000 pairs.
-        let costs: [(&str, &dyn Fn() -> Made); 3] = [
-            ("backend two-phase", &|| {
+        // What the server did per pair, on each path: 2,000 pairs from one client, then 6,400
+        // from 64 (pools of 16), where the backend's claims share statements.
+        let costs: [(&str, usize, &dyn Fn() -> Made); 6] = [
+            ("backend two-phase, 1 client", 1, &|| {
                 postgres_peers::Backend::open(1, Path::TwoPhase)
             }),
-            ("backend execute", &|| {
+            ("backend execute, 1 client", 1, &|| {
                 postgres_peers::Backend::open(1, Path::Execute)
             }),
-            ("hand-written", &|| postgres_peers::HandWritten::open(1)),
+            ("hand-written, 1 client", 1, &|| {
+                postgres_peers::HandWritten::open(1)
+            }),
+            ("backend two-phase, 64 clients", PRODUCT_CLIENTS, &|| {
+                postgres_peers::Backend::open(16, Path::TwoPhase)
+            }),
+            ("backend execute, 64 clients", PRODUCT_CLIENTS, &|| {
+                postgres_peers::Backend::open(16, Path::Execute)
+            }),
+            ("hand-written, 64 clients", PRODUCT_CLIENTS, &|| {
+                postgres_peers::HandWritten::open(16)
+            }),
         ];
         if "PostgreSQL".starts_with(&only) || only.starts_with("PostgreSQL") {
             println!(
                 "\n| PostgreSQL, per pair, server side | WAL bytes | transactions that wrote |"
             );
             println!("| --- | --- | --- |");
-            for (name, make) in costs {
+            for (name, clients, make) in costs {
+                let pairs = if clients == 1 { 2_000 } else { 6_400 };
                 match make()
                     .map_err(|e| e.to_string())
-                    .and_then(|peer| postgres_peers::server_cost(peer.as_ref(), 2_000))
+                    .and_then(|peer| postgres_peers::server_cost(peer.as_ref(), clients, pairs))
                 {
                     Ok((wal, commits)) => println!("| {name} | {wal:.0} | {commits:.2} |"),
                     Err(why) => println!("| {name} | skipped: {why} | |"),
