@@ -50,11 +50,11 @@ pub(crate) fn load(db: &redb::Database, partitions: &Partitions) -> Result<Found
                     );
                 }
                 let (partition, hashes) = read_whole(&done, partitions, number)?;
-                if Some(number) == newest {
-                    // Open still: its row, when it is sealed, needs every key's hash.
-                    partition.hold_hashes(hashes.clone());
-                } else {
+                // The newest stays open, holding its keys' hashes (noted as it was read) for
+                // its row; an older one is sealed, and memory keeps no hashes of it.
+                if Some(number) != newest {
                     partition.seal();
+                    drop(partition.take_hashes());
                 }
                 (partition, hashes)
             }

@@ -230,11 +230,6 @@ impl Partition {
         std::mem::take(&mut *self.hashes.lock())
     }
 
-    /// Keeps `hashes` (of keys read back from its records at open) for its row.
-    pub(crate) fn hold_hashes(&self, hashes: Vec<u64>) {
-        *self.hashes.lock() = hashes;
-    }
-
     /// What its info row holds: the figures, and the filter folded to its size.
     pub(crate) fn info(&self) -> (Info, Filter) {
         let records = self.records();
