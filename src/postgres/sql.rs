@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::schema::{COMPLETED, IN_PROGRESS, Names, TOMBSTONE};
+use super::schema::{COMPLETED, HELD, IN_PROGRESS, Names, TOMBSTONE};
 
 /// The time, in milliseconds since the Unix epoch: the parameter `$n` when it is not null (a
 /// test's manual clock), else the database's `statement_timestamp()` (the start of the
@@ -164,7 +164,7 @@ fn mark_waiting(names: &Names) -> String {
     let r = &names.records;
     format!(
         "UPDATE {r} AS r SET waiters = true
-         WHERE {PK} AND r.state = {IN_PROGRESS} RETURNING r.fence"
+         WHERE {PK} AND {HELD} RETURNING r.fence"
     )
 }
 
@@ -174,7 +174,7 @@ fn extend(names: &Names) -> String {
         "UPDATE {r} AS r SET lease_until_ms = CASE WHEN $7::boolean
              THEN greatest(r.lease_until_ms, t.now + $5::bigint) ELSE t.now + $5::bigint END
          FROM (SELECT {now6} AS now) AS t
-         WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+         WHERE {PK} AND r.fence = $4 AND {HELD}
          RETURNING r.lease_until_ms",
         now6 = now(6)
     )
@@ -184,7 +184,7 @@ fn checkpoint(names: &Names) -> String {
     let r = &names.records;
     format!(
         "UPDATE {r} AS r SET checkpoint = $5
-         WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS} RETURNING r.fence"
+         WHERE {PK} AND r.fence = $4 AND {HELD} RETURNING r.fence"
     )
 }
 
@@ -206,7 +206,7 @@ fn completing(names: &Names) -> String {
              UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
                  expires_ms = t.now + $5::bigint, lease_until_ms = NULL,
                  checkpoint = NULL, status = $7, headers = $8, body = $9
-             FROM t WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+             FROM t WHERE {PK} AND r.fence = $4 AND {HELD}
              RETURNING r.completed_ms, r.waiters)",
         now6 = now(6)
     )
@@ -252,7 +252,7 @@ fn release(names: &Names) -> String {
     let (r, channel) = (&names.records, &names.channel);
     format!(
         "WITH gone AS (
-             DELETE FROM {r} AS r WHERE {PK} AND r.fence = $4 AND r.state = {IN_PROGRESS}
+             DELETE FROM {r} AS r WHERE {PK} AND r.fence = $4 AND {HELD}
              RETURNING r.fence, r.waiters)
          SELECT gone.fence FROM gone
          LEFT JOIN LATERAL (SELECT pg_notify('{channel}', $5) WHERE gone.waiters) AS n ON true"
