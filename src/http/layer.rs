@@ -138,7 +138,15 @@ pub(crate) enum Work {
     #[default]
     Claimed,
     /// Only writes to this store: the handler calls `LocalRequest::execute`.
-    Local(Store),
+    Local(LocalStore),
+}
+
+/// The store a local route's handler executes on.
+#[derive(Clone, Debug)]
+pub(crate) enum LocalStore {
+    Embedded(Store),
+    #[cfg(feature = "postgres")]
+    Postgres(crate::postgres::PgStore),
 }
 
 impl Settings {
@@ -218,7 +226,27 @@ impl IdempotencyLayer<Store> {
     /// answered at once (replayed once the first is stored, else run or refused).
     #[must_use]
     pub fn local_work(mut self) -> Self {
-        let store = self.store.clone();
+        let store = LocalStore::Embedded(self.store.clone());
+        self.settings().work = Work::Local(store);
+        self
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl IdempotencyLayer<crate::postgres::PgStore> {
+    /// Declares the covered routes' work **local**, as on the local store
+    /// ([`IdempotencyLayer::<Store>::local_work`](IdempotencyLayer::local_work)): the layer
+    /// claims nothing, and the handler takes a `LocalRequest<PgStore>` whose `execute`
+    /// claims, runs the work with a [`PgTx`](crate::PgTx) and stores the response in one
+    /// PostgreSQL transaction (one commit instead of two), or answers a duplicate (replay,
+    /// 409, 422, 410) without running it. A duplicate of a request in flight waits for its
+    /// transaction (within the store's statement timeout), then gets its answer.
+    ///
+    /// The same rule as on the local store: only for handlers that call nothing outside the
+    /// database before their response is stored.
+    #[must_use]
+    pub fn local_work(mut self) -> Self {
+        let store = LocalStore::Postgres(self.store.clone());
         self.settings().work = Work::Local(store);
         self
     }

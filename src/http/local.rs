@@ -1,5 +1,7 @@
 //! Routes whose work is entirely local: the request is claimed and committed in one step by
-//! the handler's call to [`LocalRequest::execute`], not claimed by the layer beforehand.
+//! the handler's call to [`LocalRequest::execute`], not claimed by the layer beforehand. On
+//! the local store the step is one writer step; on PostgreSQL (`LocalRequest<PgStore>`), one
+//! transaction.
 
 use std::fmt;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use super::extract::HandlerError;
 use super::problem::{self, problem};
 use crate::Tx;
 use crate::api::store::Store;
-use crate::error::BoxError;
+use crate::error::{BoxError, ExecuteError};
 use crate::model::execution::Execution;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
@@ -24,19 +26,22 @@ use crate::model::scope::Scope;
 
 /// A covered request on a route declared local ([`IdempotencyLayer::local_work`]), for its
 /// handler: the key has not been claimed; [`execute`](Self::execute) claims it, runs the work
-/// and stores the response in one writer step, or answers as a duplicate.
+/// and stores the response in one step, or answers as a duplicate.
+///
+/// `S` is the layer's store: [`Store`] (the default), or with feature `postgres`
+/// [`PgStore`](crate::PgStore), whose `execute` runs the work with a [`PgTx`](crate::PgTx).
 ///
 /// [`IdempotencyLayer::local_work`]: super::IdempotencyLayer::local_work
 #[derive(Clone)]
-pub struct LocalRequest {
-    store: Store,
-    scope: Scope,
-    fingerprint: Fingerprint,
+pub struct LocalRequest<S = Store> {
+    pub(super) store: S,
+    pub(super) scope: Scope,
+    pub(super) fingerprint: Fingerprint,
     /// Set by `execute`: a local handler that returns without it is a bug the layer reports.
-    executed: Arc<AtomicBool>,
+    pub(super) executed: Arc<AtomicBool>,
 }
 
-impl fmt::Debug for LocalRequest {
+impl<S> fmt::Debug for LocalRequest<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LocalRequest")
             .field("scope", &self.scope)
@@ -44,8 +49,8 @@ impl fmt::Debug for LocalRequest {
     }
 }
 
-impl LocalRequest {
-    pub(crate) fn new(store: Store, scope: Scope, fingerprint: Fingerprint) -> Self {
+impl<S> LocalRequest<S> {
+    pub(crate) fn new(store: S, scope: Scope, fingerprint: Fingerprint) -> Self {
         LocalRequest {
             store,
             scope,
@@ -64,6 +69,23 @@ impl LocalRequest {
         &self.scope
     }
 
+    /// The answer to an execution, as HTTP: the response stored, or what the layer answers
+    /// a duplicate.
+    pub(crate) fn answer(
+        &self,
+        execution: Result<Execution, ExecuteError>,
+    ) -> Result<axum::http::Response<Body>, HandlerError> {
+        Ok(match execution.map_err(HandlerError::NotExecuted)? {
+            Execution::Executed(response) => convert::to_http(&response, Delivery::First),
+            Execution::Replay(stored) => convert::to_http(&stored, Delivery::Replay),
+            Execution::InProgress { retry_after } => problem::in_progress(retry_after),
+            Execution::Mismatch => problem::mismatch(),
+            Execution::Expired { completed_at } => problem::expired(completed_at),
+        })
+    }
+}
+
+impl LocalRequest<Store> {
     /// Runs `work` with [`Store::execute`]: only if the key is new (or a two-phase claim on it
     /// expired), in the transaction that stores its response. Answers that response as HTTP,
     /// or what the layer answers a duplicate: the stored response with
@@ -84,15 +106,8 @@ impl LocalRequest {
         let execution = self
             .store
             .execute_async(&self.scope, self.fingerprint, work)
-            .await
-            .map_err(HandlerError::NotExecuted)?;
-        Ok(match execution {
-            Execution::Executed(response) => convert::to_http(&response, Delivery::First),
-            Execution::Replay(stored) => convert::to_http(&stored, Delivery::Replay),
-            Execution::InProgress { retry_after } => problem::in_progress(retry_after),
-            Execution::Mismatch => problem::mismatch(),
-            Execution::Expired { completed_at } => problem::expired(completed_at),
-        })
+            .await;
+        self.answer(execution)
     }
 }
 
@@ -111,13 +126,17 @@ impl IntoResponse for NotLocal {
     }
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for LocalRequest {
+impl<S, State> FromRequestParts<State> for LocalRequest<S>
+where
+    S: Clone + Send + Sync + 'static,
+    State: Send + Sync,
+{
     type Rejection = NotLocal;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, _: &State) -> Result<Self, Self::Rejection> {
         parts
             .extensions
-            .get::<LocalRequest>()
+            .get::<LocalRequest<S>>()
             .cloned()
             .ok_or(NotLocal)
     }

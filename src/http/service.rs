@@ -18,7 +18,7 @@ use super::claimed;
 use super::convert::{self, Delivery};
 use super::drain::Admitted;
 use super::key::{KeyHeader, read_key};
-use super::layer::{KeyPolicy, Settings, Work};
+use super::layer::{KeyPolicy, LocalStore, Settings, Work};
 use super::local::{self, LocalRequest};
 use super::problem;
 use super::request::{self, BodyProblem};
@@ -176,9 +176,19 @@ where
     };
     let fingerprint = request::fingerprint(&parts, &bytes, &settings.fingerprinting);
     if let Work::Local(local) = &settings.work {
-        let local = LocalRequest::new(local.clone(), scope, fingerprint);
         let request = Request::from_parts(parts, Body::from(bytes));
-        return serve_local(inner, local, request, (permit, admitted)).await;
+        let held = (permit, admitted);
+        return match local {
+            LocalStore::Embedded(store) => {
+                let local = LocalRequest::new(store.clone(), scope, fingerprint);
+                serve_local(inner, local, request, held).await
+            }
+            #[cfg(feature = "postgres")]
+            LocalStore::Postgres(store) => {
+                let local = LocalRequest::new(store.clone(), scope, fingerprint);
+                serve_local(inner, local, request, held).await
+            }
+        };
     }
     let claim = match claim(&store, &settings, &scope, fingerprint).await {
         Ok(claim) => claim,
@@ -230,9 +240,9 @@ async fn receive(
 
 /// Local work: the handler's `execute` claims, works and stores in one step, so the request
 /// goes straight to it with the [`LocalRequest`] it executes through.
-async fn serve_local<S, B>(
+async fn serve_local<S, B, L>(
     mut inner: S,
-    local: LocalRequest,
+    local: LocalRequest<L>,
     mut request: Request<Body>,
     held: Held,
 ) -> Result<Response<Body>, S::Error>
@@ -240,6 +250,7 @@ where
     S: Service<Request<Body>, Response = Response<B>>,
     B: HttpBody<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
+    L: Clone + Send + Sync + 'static,
 {
     request.extensions_mut().insert(local.clone());
     held.1.claimed();

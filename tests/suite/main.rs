@@ -53,6 +53,8 @@ mod http_fingerprints;
 mod http_handlers;
 #[cfg(feature = "http")]
 mod http_local;
+#[cfg(all(feature = "http", feature = "postgres", feature = "testing"))]
+mod http_postgres_local;
 #[cfg(feature = "http")]
 mod http_retry_after;
 #[cfg(feature = "http")]
