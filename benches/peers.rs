@@ -539,12 +539,14 @@ mod postgres_peers {
     /// (`pg_current_wal_lsn()` before and after) and transactions that wrote (transaction ids
     /// handed out: the next xid before and after; reads take none), over `pairs` pairs from
     /// `clients` threads after a warm-up. The whole server's counters: on a quiet database,
-    /// the peer's.
+    /// the peer's. Also statements run per pair, from `pg_stat_statements` (`None` where the
+    /// server does not load it: `shared_preload_libraries`); a `BEGIN` or `COMMIT` counts as
+    /// one, and several statements sent in one message count each.
     pub(super) fn server_cost(
         peer: &dyn Peer,
         clients: usize,
         pairs: u64,
-    ) -> Result<(f64, f64), String> {
+    ) -> Result<(f64, f64, Option<f64>), String> {
         let runtime = runtime();
         let admin = runtime
             .block_on(PgPool::connect(&url()))
@@ -560,10 +562,26 @@ mod postgres_peers {
                 )
                 .map_err(|e| format!("read the server's counters: {e}"))
         };
+        let statements = || {
+            runtime
+                .block_on(
+                    sqlx::query_scalar::<_, i64>(
+                        "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements",
+                    )
+                    .fetch_one(&admin),
+                )
+                .ok()
+        };
+        // Statements the warm-up prepared are counted from here on, not the creation of the
+        // extension's view.
+        let _ = runtime.block_on(
+            sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements").execute(&admin),
+        );
         for i in 0..100 {
             peer.pair(0, i);
         }
         let (wal0, xid0) = read()?;
+        let statements0 = statements();
         let each = pairs / clients as u64;
         std::thread::scope(|threads| {
             for client in 0..clients {
@@ -574,9 +592,18 @@ mod postgres_peers {
                 });
             }
         });
+        let statements1 = statements();
         let (wal1, xid1) = read()?;
         let n = (each * clients as u64) as f64;
-        Ok(((wal1 - wal0) as f64 / n, (xid1 - xid0) as f64 / n))
+        // The first count is itself counted by the second.
+        let statements = statements0
+            .zip(statements1)
+            .map(|(s0, s1)| (s1 - s0 - 1) as f64 / n);
+        Ok((
+            (wal1 - wal0) as f64 / n,
+            (xid1 - xid0) as f64 / n,
+            statements,
+        ))
     }
 
     /// How the backend runs a pair.
@@ -1041,17 +1068,23 @@ fn main() {
         ];
         if "PostgreSQL".starts_with(&only) || only.starts_with("PostgreSQL") {
             println!(
-                "\n| PostgreSQL, per pair, server side | WAL bytes | transactions that wrote |"
+                "\n| PostgreSQL, per pair, server side | WAL bytes | transactions that wrote | statements |"
             );
-            println!("| --- | --- | --- |");
+            println!("| --- | --- | --- | --- |");
             for (name, clients, make) in costs {
                 let pairs = if clients == 1 { 2_000 } else { 6_400 };
                 match make()
                     .map_err(|e| e.to_string())
                     .and_then(|peer| postgres_peers::server_cost(peer.as_ref(), clients, pairs))
                 {
-                    Ok((wal, commits)) => println!("| {name} | {wal:.0} | {commits:.2} |"),
-                    Err(why) => println!("| {name} | skipped: {why} | |"),
+                    Ok((wal, commits, statements)) => {
+                        let statements = statements.map_or_else(
+                            || "n/a (no pg_stat_statements loaded)".to_owned(),
+                            |s| format!("{s:.2}"),
+                        );
+                        println!("| {name} | {wal:.0} | {commits:.2} | {statements} |")
+                    }
+                    Err(why) => println!("| {name} | skipped: {why} | | |"),
                 }
             }
         }
