@@ -27,7 +27,7 @@ FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in mod
 # The engine's own floors, top to bottom: its folders and the files at its root. Keep in step
 # with the list in src/engine/mod.rs. The engine's mod.rs (its door) and tests name any.
 ENGINE_FLOORS = [
-    ["upkeep", "sweeper"],
+    ["upkeep", "sweeper", "backup"],
     ["reads"],
     ["requests"],
     ["writer"],

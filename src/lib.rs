@@ -83,7 +83,7 @@
 //!    and what both backends share: the claim model (`claim`), the outbox contract and the
 //!    lease keep-alive.
 //! 5. `engine`: one narrow interface (begin, execute, commit, release, extend, checkpoint,
-//!    write, forget, evict, read, stats, compact), in folders by what they do: `reads`,
+//!    write, forget, evict, read, stats, compact, backup), in folders by what they do: `reads`,
 //!    `requests`, `writer`, `recovery`, `tables`.
 //! 6. `wal`: the write-ahead log: frames, segments, group commit's log thread, replay.
 //! 7. `storage`: files and directories, the real ones and (feature `testing`) the simulated
@@ -124,7 +124,7 @@ pub use engine::{OwnedValue, ReadTx, Tx};
 #[cfg(feature = "postgres")]
 pub use error::PgOpenError;
 pub use error::{
-    BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
+    BackupError, BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
     FingerprintError, ForgetError, Holder, OpenError, ReadError, RecoveryError, ResponseError,
     ScopeError, StaleClaim, StaleReason, StoreError, TxError, WriteError,
 };
@@ -133,7 +133,7 @@ pub use model::config::{Durability, LooseFile, LoosePermissions, MetricLabels, S
 pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};
-pub use model::maintenance::{Abandoned, Backlog, Compacted, Evicted, Forget};
+pub use model::maintenance::{Abandoned, BackedUp, Backlog, Compacted, Evicted, Forget};
 pub use model::message::{DeadLetter, Message, MessageError};
 pub use model::record::{Record, RecordState};
 pub use model::response::Response;

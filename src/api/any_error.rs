@@ -6,8 +6,8 @@ use crate::api::claim::CommitError;
 #[cfg(feature = "postgres")]
 use crate::error::PgOpenError;
 use crate::error::{
-    ClaimError, CompactError, ExecuteError, FingerprintError, ForgetError, OpenError, ReadError,
-    ResponseError, ScopeError, StoreError, TxError, WriteError,
+    BackupError, ClaimError, CompactError, ExecuteError, FingerprintError, ForgetError, OpenError,
+    ReadError, ResponseError, ScopeError, StoreError, TxError, WriteError,
 };
 use crate::model::message::MessageError;
 
@@ -39,6 +39,9 @@ pub enum Error {
     /// See [`CompactError`].
     #[error(transparent)]
     Compact(#[from] CompactError),
+    /// See [`BackupError`].
+    #[error(transparent)]
+    Backup(#[from] BackupError),
     /// See [`ReadError`].
     #[error(transparent)]
     Read(#[from] ReadError),

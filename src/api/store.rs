@@ -11,13 +11,14 @@ use crate::api::claim::Begin;
 use crate::api::claim::Claim;
 use crate::engine::{Engine, ForgetRefusal, Held, ReadTx, Tables, Tx, UserFailure, request};
 use crate::error::{
-    BoxError, CompactError, ExecuteError, ForgetError, OpenError, StoreError, WriteError,
+    BackupError, BoxError, CompactError, ExecuteError, ForgetError, OpenError, StoreError,
+    WriteError,
 };
 use crate::model::config::Config;
 use crate::model::execution::Execution;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
-use crate::model::maintenance::{Abandoned, Compacted, Evicted, Forget};
+use crate::model::maintenance::{Abandoned, BackedUp, Compacted, Evicted, Forget};
 use crate::model::record::Record;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
@@ -335,6 +336,30 @@ impl Store {
     /// [`CompactError::SnapshotOpen`] while a snapshot is open; storage errors.
     pub fn compact(&self) -> Result<Compacted, CompactError> {
         self.engine().compact()
+    }
+
+    /// Copies the store, while it serves, into `dest`, a new store directory: its records, its
+    /// business tables and its outbox, from one snapshot that holds every write acknowledged
+    /// before this call (a write acknowledged while it runs may or may not be in it). The copy
+    /// opens with [`Store::builder`] like any store, with the same tables registered, in
+    /// either durability mode, and passes `idemstore verify`.
+    ///
+    /// The tables are copied row by row from a read snapshot on the calling thread, never as
+    /// the file's bytes, so writers are not stopped: a backup costs the caller's thread, a
+    /// read of every table, and disk space for a compacted copy. While it runs the snapshot is
+    /// held, as by [`Store::read`]: [`Store::compact`] is refused meanwhile, and the file may
+    /// grow by what is overwritten. The copy is written into a directory beside `dest`
+    /// (`.NAME.backup-PID-N`), synced, and renamed to `dest`, so `dest` never holds part of a
+    /// copy; a crash can leave that directory behind, to remove by hand. Its files are made
+    /// readable by this user only, as the store's are; missing parents of `dest` are made.
+    ///
+    /// # Errors
+    /// [`BackupError`]: `dest` exists and is not an empty directory; the store's file holds a
+    /// table the store did not register (every business table must be, with
+    /// [`Builder::table`]); writing the copy failed; or the store could not take its snapshot
+    /// (poisoned, closed). Nothing is then left at `dest`.
+    pub fn backup(&self, dest: impl AsRef<Path>) -> Result<BackedUp, BackupError> {
+        self.engine().backup(dest.as_ref())
     }
 }
 

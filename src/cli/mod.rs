@@ -12,10 +12,11 @@
 //! ```
 //!
 //! The read commands (`stats`, `get`, `list`, `verify`, `dump-log`) open the store read-only
-//! through [`crate::inspect`] and never change it; `evict` and `compact` open it as a
+//! through [`crate::inspect`] and never change it; `evict`, `compact` and `backup` open it as a
 //! service would. Exit codes: 0 done (for `verify`: sound), 1 `verify` found problems or `get`
 //! found no record, 2 bad input or a store that cannot be read (one line on stderr).
 
+mod backup;
 mod compact;
 mod dump_log;
 mod evict;
@@ -30,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::inspect::InspectError;
-use crate::{Builder, OpenError, RecoveryError, Store};
+use crate::{Builder, Holder, OpenError, RecoveryError, Store};
 use clap::{Args, Parser, Subcommand};
 
 use fail::{Fail, Outcome};
@@ -69,6 +70,22 @@ struct Maintain {
 /// Opens an existing store for writing, refusing (as the read commands do) a directory that
 /// is missing, not a store, or in use; `Store::open` alone would create a new store.
 fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Result<Store, Fail> {
+    open_existing(dir, settings, |holder| {
+        InspectError::InUse {
+            path: dir.to_path_buf(),
+            holder,
+        }
+        .into()
+    })
+}
+
+/// [`open_for_writing`], with the refusal of a directory in use (naming its holder) left to
+/// the command, which knows what to advise.
+fn open_existing(
+    dir: &Path,
+    settings: impl FnOnce(Builder) -> Builder,
+    in_use: impl FnOnce(Holder) -> Fail,
+) -> Result<Store, Fail> {
     if !dir.is_dir() {
         return Err(InspectError::NoSuchDirectory {
             path: dir.to_path_buf(),
@@ -79,10 +96,7 @@ fn open_for_writing(dir: &Path, settings: impl FnOnce(Builder) -> Builder) -> Re
         return Err(InspectError::no_database(dir.to_path_buf()).into());
     }
     settings(Store::builder()).open(dir).map_err(|e| match e {
-        OpenError::AlreadyOpen { holder, .. } => Fail::from(InspectError::InUse {
-            path: dir.to_path_buf(),
-            holder,
-        }),
+        OpenError::AlreadyOpen { holder, .. } => in_use(holder),
         // The tool knows no business table's types, so it cannot replay a log that writes
         // one; the service can.
         OpenError::Recovery(RecoveryError::UnknownTable { table, .. }) => Fail::Input(format!(
@@ -111,6 +125,9 @@ enum Command {
     Evict(evict::EvictArgs),
     /// Rewrite the database file to give back free space (opens the store for writing).
     Compact(compact::CompactArgs),
+    /// Copy a stopped store into a new directory that opens as a store (opens the store for
+    /// writing; a running service calls `Store::backup` instead).
+    Backup(backup::BackupArgs),
 }
 
 /// Runs the tool: parses the process's arguments ([`std::env::args`]), runs the command they
@@ -140,6 +157,7 @@ pub fn run() -> ExitCode {
         Command::DumpLog(args) => dump_log::run(&args),
         Command::Evict(args) => evict::run(&args),
         Command::Compact(args) => compact::run(&args),
+        Command::Backup(args) => backup::run(&args),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -10,8 +10,8 @@
 //!
 //! The folders and files, each named by what it does, top to bottom: each names only those
 //! below it (`.ci/floors.py` checks this too).
-//! 1. `upkeep` (eviction, checkpoints, compaction, recovery on request) and the `sweeper`
-//!    that runs it;
+//! 1. `upkeep` (eviction, checkpoints, compaction, recovery on request), the `sweeper`
+//!    that runs it, and `backup` (the store copied from one snapshot into a new directory);
 //! 2. `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through
 //!    the indexes, the overlay of acknowledged records not yet published;
 //! 3. `requests`: each write a facade can ask for, what it does on the writer, and the queue
@@ -22,6 +22,7 @@
 //! 7. `counters`, `poison` (writes refused after a failure) and `watchers` (the claims held
 //!    here, and who waits for them), which every floor may touch.
 
+mod backup;
 mod counters;
 mod poison;
 mod reads;

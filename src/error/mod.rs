@@ -22,6 +22,7 @@ macro_rules! from_redb {
 }
 pub(crate) use from_redb;
 
+mod backup;
 mod lifecycle;
 mod maintenance;
 mod open;
@@ -34,6 +35,7 @@ mod tx;
 pub use crate::model::invalid::{
     CorruptRecord, FingerprintError, ResponseError, ScopeError, StaleReason,
 };
+pub use backup::BackupError;
 pub use lifecycle::{ClaimError, CommitError, ExecuteError, ForgetError, StaleClaim, WriteError};
 pub use maintenance::CompactError;
 pub use open::{BadTableReason, Holder, OpenError};

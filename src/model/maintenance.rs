@@ -1,6 +1,8 @@
 //! What maintenance and monitoring operations take and report: an eviction pass, the
-//! abandoned-work listing, an operator's removal, a compaction. Plain values, the same from
-//! every backend.
+//! abandoned-work listing, an operator's removal, a compaction, a backup. Plain values, the
+//! same from every backend.
+
+use std::time::Duration;
 
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
@@ -65,6 +67,26 @@ impl Compacted {
     pub fn reclaimed(&self) -> u64 {
         self.bytes_before.saturating_sub(self.bytes_after)
     }
+}
+
+/// What [`Store::backup`](crate::Store::backup) copied: one snapshot of the store, taken
+/// after every write acknowledged before the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BackedUp {
+    /// Records copied: in progress, completed and tombstones.
+    pub records: u64,
+    /// Outbox messages copied: pending ones and dead letters.
+    pub messages: u64,
+    /// Rows of the business tables copied, all tables together.
+    pub business_rows: u64,
+    /// The size of the copy's database file, in bytes.
+    pub bytes: u64,
+    /// The snapshot's point, as the store's fence counter: every claim and take-over given a
+    /// fence below it happened before the snapshot, none at or above it did.
+    pub next_fence: u64,
+    /// How long the backup took, from the call to the copy renamed into place.
+    pub duration: Duration,
 }
 
 /// How `forget` may remove a record.

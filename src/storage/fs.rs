@@ -51,7 +51,7 @@ pub(crate) enum Created {
     No,
 }
 
-fn parent_of(path: &Path) -> &Path {
+pub(super) fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
@@ -67,6 +67,13 @@ fn make_dir(path: &Path) -> io::Result<()> {
 #[cfg(not(unix))]
 fn make_dir(path: &Path) -> io::Result<()> {
     std::fs::create_dir(path)
+}
+
+/// Creates the directory `path` (an error if it exists), `0700`. Its entry is not synced into
+/// the parent: callers that need it durable sync the parent themselves.
+pub(crate) fn create_private_dir(path: &Path) -> io::Result<()> {
+    make_dir(path)?;
+    set_mode(path, DIR_MODE)
 }
 
 /// Creates a new file (an error if it exists), readable and writable by this user only.

@@ -1,10 +1,12 @@
 //! Where a store keeps its bytes: a directory on the real file system, or (feature `testing`) a
 //! simulated disk that can crash and fail on purpose.
 //!
-//! The engine sees two things through here: the redb database and the log directory. Nothing
-//! else in the crate touches files, which is what lets the crash tests swap the disk out. A
-//! real directory is also locked (`lock`) for as long as its `Storage` lives.
+//! The engine sees two things through here: the redb database and the log directory, and a
+//! backup's new directory (`backup`). Nothing else in the crate touches files, which is what
+//! lets the crash tests swap the disk out. A real directory is also locked (`lock`) for as long
+//! as its `Storage` lives.
 
+mod backup;
 mod dir;
 mod fs;
 mod lock;
@@ -27,6 +29,7 @@ use redb::{Database, DatabaseError};
 use crate::error::OpenError;
 use crate::model::config::LooseFile;
 
+pub(crate) use backup::{BackupDir, check_backup_destination};
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;

@@ -902,10 +902,108 @@ fn compact_reports_the_space_given_back() -> TestResult {
     Ok(())
 }
 
+/// A closed store with three completed records and no business table: what the tool can back
+/// up (it knows no business table's types).
+fn store_without_business_tables(dir: &Path) -> TestResult {
+    let store = Store::builder().sweep(Sweep::Off).open(dir)?;
+    for key in ["b1", "b2", "b3"] {
+        let Begin::Claimed(claim) = store.begin(&scope("tenant-a", key), fp(key))? else {
+            return Err("a new key is claimed".into());
+        };
+        claim.commit(move |_| Ok(Response::new(201, key.as_bytes().to_vec())))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn backup_copies_a_stopped_store_into_a_directory_that_verifies() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    store_without_business_tables(&dir)?;
+    let dest = tmp.path().join("backup");
+    let r = run(&["backup", path(&dir), path(&dest)])?;
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("backed up 3 records"), "{}", r.stdout);
+    let verify = run(&["verify", path(&dest)])?;
+    assert_eq!(verify.code, Some(0), "{}", verify.stdout);
+    let again = tmp.path().join("again");
+    let j = json(&run(&["backup", path(&dir), path(&again), "--json"])?.stdout)?;
+    assert_eq!(j["records"], 3, "{j}");
+    assert!(j["bytes"].as_u64().is_some_and(|b| b > 0), "{j}");
+    let copy = Store::builder().sweep(Sweep::Off).open(&dest)?;
+    let Begin::Replay(stored) = copy.begin(&scope("tenant-a", "b2"), fp("b2"))? else {
+        return Err("the copy does not replay b2".into());
+    };
+    assert_eq!(stored.body(), b"b2");
+    Ok(())
+}
+
+/// The tool cannot copy a business table (a table is copied through its key and value
+/// types, which only the service knows): it says to back up from the service.
+#[test]
+fn backup_of_a_store_with_business_tables_asks_for_the_service() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    closed_store(&dir)?;
+    let dest = tmp.path().join("backup");
+    refused(
+        &["backup", path(&dir), path(&dest)],
+        &[
+            r#"business table "orders""#,
+            "call Store::backup from the service",
+        ],
+    )?;
+    assert!(!dest.exists());
+    Ok(())
+}
+
+/// A store a running process holds cannot be copied from another process: named, with what
+/// to do instead.
+#[test]
+fn backup_of_a_store_held_by_a_process_names_it_and_says_what_to_do() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    store_without_business_tables(&dir)?;
+    let store = Store::builder().sweep(Sweep::Off).open(&dir)?;
+    let dest = tmp.path().join("backup");
+    refused(
+        &["backup", path(&dir), path(&dest)],
+        &[
+            &format!("in use by process {}", std::process::id()),
+            "cannot be copied from another process",
+            "call Store::backup from the service, or stop it and run this again",
+        ],
+    )?;
+    assert!(!dest.exists());
+    drop(store);
+    assert_eq!(run(&["backup", path(&dir), path(&dest)])?.code, Some(0));
+    Ok(())
+}
+
+/// A destination that holds something is refused before the store is opened: neither it nor
+/// the store changes.
+#[test]
+fn backup_refuses_a_destination_that_is_not_empty_and_changes_nothing() -> TestResult {
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("idem");
+    store_without_business_tables(&dir)?;
+    let dest = tmp.path().join("backup");
+    std::fs::create_dir(&dest)?;
+    std::fs::write(dest.join("old.tar"), b"an older backup")?;
+    let (store_before, dest_before) = (snapshot(&dir)?, snapshot(&dest)?);
+    refused(
+        &["backup", path(&dir), path(&dest)],
+        &["exists and is not empty", path(&dest)],
+    )?;
+    assert_eq!(snapshot(&dir)?, store_before);
+    assert_eq!(snapshot(&dest)?, dest_before);
+    Ok(())
+}
+
 #[test]
 fn every_command_has_help() -> TestResult {
     for cmd in [
-        "stats", "get", "list", "verify", "dump-log", "evict", "compact",
+        "stats", "get", "list", "verify", "dump-log", "evict", "compact", "backup",
     ] {
         let r = run(&[cmd, "--help"])?;
         assert_eq!(r.code, Some(0));

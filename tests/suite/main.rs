@@ -18,6 +18,7 @@ mod edge_service;
 
 #[cfg(feature = "tokio")]
 mod async_api;
+mod backup;
 mod bad_input;
 #[cfg(feature = "cli")]
 mod cli;

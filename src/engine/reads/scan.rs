@@ -281,11 +281,14 @@ impl Engine {
 
 /// Runs a read of the file, turning a panic inside redb (which some damaged files cause) into
 /// an error that says the file is damaged: a read must never take the caller's thread down.
-fn unpanicked<T>(read: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+pub(in crate::engine) fn unpanicked<T, E: From<StoreError>>(
+    read: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|panic| {
         Err(StoreError::Damaged {
             detail: crate::model::panic::panic_message(panic.as_ref()),
-        })
+        }
+        .into())
     })
 }
 

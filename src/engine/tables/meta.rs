@@ -128,6 +128,17 @@ pub(crate) fn set_log_checkpoint(
     Ok(())
 }
 
+/// Makes a backup's metadata, inside the transaction that writes the copy, that of a store
+/// without a log. The snapshot's checkpoint names the segment its log goes on in, which the
+/// copy does not have; a log the copy starts numbers its segments from 1, and a recovery told
+/// to read from that segment on would skip them, and with them writes the copy acknowledged.
+/// Absent, as in a new store, it reads every segment. The checkpoint's sequence number stays:
+/// the copy's log goes on after it.
+pub(crate) fn without_log(txn: &WriteTransaction) -> Result<(), redb::Error> {
+    txn.open_table(META_TABLE)?.remove(META_LOG_SEGMENT)?;
+    Ok(())
+}
+
 /// The filter key, 16 bytes if present.
 fn read_key(txn: &WriteTransaction) -> Result<Option<[u8; 16]>, OpenError> {
     let meta = txn.open_table(META_TABLE).map_err(setup)?;

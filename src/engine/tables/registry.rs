@@ -45,6 +45,11 @@ pub(crate) trait TableOps: Send + Sync + fmt::Debug {
     ) -> Result<Box<dyn OpenTable + 'txn>, redb::Error>;
     fn compare(&self, a: &[u8], b: &[u8]) -> Ordering;
     fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error>;
+    /// Copies every entry of the table as the snapshot `from` sees it into `to` (a backup),
+    /// creating it there; the entries copied. Typed, because redb orders a table's keys by
+    /// its key type: bytes inserted through another type would be out of order.
+    fn copy(&self, from: &redb::ReadTransaction, to: &WriteTransaction)
+    -> Result<u64, redb::Error>;
 }
 
 /// What the engine can do with a table open in a write transaction, as bytes.
@@ -118,6 +123,28 @@ impl<K: Key + 'static, V: Value + 'static> TableOps for Typed<K, V> {
 
     fn len(&self, txn: &redb::ReadTransaction) -> Result<u64, redb::Error> {
         Ok(txn.open_table(self.definition())?.len()?)
+    }
+
+    fn copy(
+        &self,
+        from: &redb::ReadTransaction,
+        to: &WriteTransaction,
+    ) -> Result<u64, redb::Error> {
+        let mut copy = to.open_table(self.definition())?;
+        let source = match from.open_table(self.definition()) {
+            Ok(source) => source,
+            // Not in the file (an open creates every registered table): nothing to copy.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(e.into()),
+        };
+        let mut rows = 0;
+        for entry in source.iter()? {
+            let (key, value) = entry?;
+            copy.insert(key.value(), value.value())?;
+            rows += 1;
+        }
+        debug_assert_eq!(rows, source.len()?, "a snapshot's table does not change");
+        Ok(rows)
     }
 }
 

@@ -1,0 +1,134 @@
+//! Backups: the store copied, while it serves, into a new store directory.
+//!
+//! The copy is logical: every table read from one redb snapshot and written into a fresh
+//! database in one durable transaction. The file's bytes are never copied: the writer changes
+//! them underneath, and redb marks a file it has open as needing repair. The snapshot is taken
+//! after a barrier through the writer ([`Engine::publish_acknowledged`]): in `Wal` mode a group
+//! is acknowledged once its log frame is synced, and reaches redb only when its epoch is
+//! committed; the barrier commits it, so the snapshot holds every write acknowledged before
+//! the backup began. A snapshot holds whole groups, so the copy is the store as it was between
+//! two groups: a pair's record, its business rows and its outbox messages are all in it, or
+//! none is.
+//!
+//! The backup runs on the caller's thread, never the writer's: the writer goes on committing
+//! while the tables are copied, and only the snapshot (a redb read transaction) is held.
+
+use std::path::Path;
+use std::time::Instant;
+
+use redb::{Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, TableHandle};
+
+use crate::error::{BackupError, StoreError};
+use crate::model::maintenance::BackedUp;
+use crate::storage::{BackupDir, check_backup_destination};
+
+use super::Engine;
+use crate::engine::reads::scan::unpanicked;
+use crate::engine::tables::meta;
+use crate::engine::tables::registry::TableOps;
+
+/// Entries copied, by what they are.
+#[derive(Debug, Default)]
+struct Copied {
+    records: u64,
+    messages: u64,
+    business_rows: u64,
+}
+
+impl Engine {
+    /// Copies the store into the new store directory `dest` (see the module doc).
+    pub(crate) fn backup(&self, dest: &Path) -> Result<BackedUp, BackupError> {
+        let started = Instant::now();
+        // Refusals first: a bad destination or an unknown table writes nothing anywhere.
+        check_backup_destination(dest)?;
+        self.publish_acknowledged()?;
+        let snapshot = self
+            .shared
+            .db
+            .read(&self.shared.poison)?
+            .begin_read()
+            .map_err(StoreError::from)?;
+        let tables = self.tables_to_copy(&snapshot)?;
+        let dir = BackupDir::create(dest)?;
+        let db = dir.database(self.shared.config.memory().redb_cache)?;
+        let copied = unpanicked(|| self.copy(&snapshot, &db, &tables))?;
+        drop(snapshot);
+        // Read back as an open would: the copy's metadata loads, and names no log segment.
+        let meta = meta::load(&db).map_err(|e| StoreError::Internal {
+            message: format!("the backup's metadata does not read back: {e}"),
+        })?;
+        assert!(
+            meta.log_checkpoint.segment.is_none(),
+            "a backup has no log, so its metadata must name no log segment"
+        );
+        let bytes = dir.place(db)?;
+        let backed_up = BackedUp {
+            records: copied.records,
+            messages: copied.messages,
+            business_rows: copied.business_rows,
+            bytes,
+            next_fence: meta.next_fence,
+            duration: started.elapsed(),
+        };
+        tracing::info!(
+            dest = %dest.display(),
+            records = backed_up.records,
+            messages = backed_up.messages,
+            business_rows = backed_up.business_rows,
+            bytes = backed_up.bytes,
+            next_fence = backed_up.next_fence,
+            ms = backed_up.duration.as_millis() as u64,
+            "backed up the store"
+        );
+        Ok(backed_up)
+    }
+
+    /// Every table of this build the store registered; an error naming a table of the
+    /// snapshot's file that is not one of them (its types are unknown, so it cannot be copied).
+    fn tables_to_copy(
+        &self,
+        snapshot: &ReadTransaction,
+    ) -> Result<Vec<&dyn TableOps>, BackupError> {
+        let known: Vec<&dyn TableOps> = self.shared.registry.tables().collect();
+        let plain = snapshot.list_tables()?.map(|t| t.name().to_owned());
+        let multimap = snapshot
+            .list_multimap_tables()?
+            .map(|t| t.name().to_owned());
+        for name in plain.chain(multimap) {
+            if !known.iter().any(|table| table.name() == name) {
+                return Err(BackupError::UnregisteredTable { name });
+            }
+        }
+        Ok(known)
+    }
+
+    /// Copies `tables` from the snapshot into the new database `db` in one durable
+    /// transaction, with the metadata of a store without a log.
+    fn copy(
+        &self,
+        snapshot: &ReadTransaction,
+        db: &Database,
+        tables: &[&dyn TableOps],
+    ) -> Result<Copied, BackupError> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(redb::Durability::Immediate)?;
+        let internal = self.shared.tables;
+        let mut copied = Copied::default();
+        for table in tables {
+            let rows = table.copy(snapshot, &txn)?;
+            let id = self.shared.registry.id(table.name());
+            let count = match id {
+                Some(id) if id == internal.claims || id == internal.done => &mut copied.records,
+                Some(id) if id == internal.outbox || id == internal.dead_letters => {
+                    &mut copied.messages
+                }
+                Some(id) if internal.ids().contains(&id) => continue,
+                _ => &mut copied.business_rows,
+            };
+            *count += rows;
+        }
+        meta::without_log(&txn)?;
+        txn.commit()?;
+        Ok(copied)
+    }
+}
