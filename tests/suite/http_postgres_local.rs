@@ -77,21 +77,10 @@ async fn concurrent_copies_run_the_work_once_and_the_rest_replay() -> TestResult
     let (store, table) = open(&prefix).await?;
     let runs = Arc::new(AtomicU32::new(0));
     let app = local_app(&store, &table, &runs);
-    let copies: Vec<_> = (0..16)
-        .map(|_| tokio::spawn(send_owned(app.clone(), post_req("pg-local-1", BODY))))
-        .collect();
-    let (mut first, mut replayed) = (0, 0);
-    for copy in copies {
-        let answer = copy.await??;
-        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
-        assert_eq!(answer.body, "order-pg-local-1");
-        if answer.replayed() {
-            replayed += 1;
-        } else {
-            first += 1;
-        }
-    }
-    assert_eq!((first, replayed), (1, 15));
+    assert_eq!(
+        post_copies(&app, 16, "pg-local-1", "order-pg-local-1").await?,
+        (1, 15)
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "closure runs");
     assert_eq!(orders(&store, &table).await?, 1, "side effects");
     Ok(())

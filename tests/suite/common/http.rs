@@ -103,6 +103,31 @@ pub async fn send_owned(app: Router, request: Request) -> Result<Answer, String>
     send(&app, request).await.map_err(|e| e.to_string())
 }
 
+/// Sends `copies` copies of one POST under `key` at once, checks each is answered 201 with
+/// `body`, and counts them: (answered first, replayed).
+pub async fn post_copies(
+    app: &Router,
+    copies: usize,
+    key: &str,
+    body: &str,
+) -> Result<(u32, u32), Box<dyn std::error::Error>> {
+    let sent: Vec<_> = (0..copies)
+        .map(|_| tokio::spawn(send_owned(app.clone(), post_req(key, BODY))))
+        .collect();
+    let (mut first, mut replayed) = (0, 0);
+    for copy in sent {
+        let answer = copy.await??;
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        assert_eq!(answer.body, body);
+        if answer.replayed() {
+            replayed += 1;
+        } else {
+            first += 1;
+        }
+    }
+    Ok((first, replayed))
+}
+
 /// A store clock that reads the tokio runtime's clock: a test on a paused runtime moves the
 /// store's leases and the runtime's timers (a lease renewal's interval) together, with one
 /// `tokio::time::advance`.
