@@ -13,7 +13,7 @@ import sys
 FLOORS = [
     ["testing"],
     ["http", "relay", "cli"],
-    ["api", "postgres", "inspect"],
+    ["api", "postgres", "inspect", "replica"],
     ["protocol"],
     ["engine"],
     ["wal"],
@@ -27,7 +27,7 @@ FLOOR = {module: level for level, modules in enumerate(FLOORS) for module in mod
 # The engine's own floors, top to bottom: its folders and the files at its root. Keep in step
 # with the list in src/engine/mod.rs. The engine's mod.rs (its door) and tests name any.
 ENGINE_FLOORS = [
-    ["upkeep", "sweeper", "backup"],
+    ["upkeep", "sweeper", "backup", "shipping", "rebuild"],
     ["reads"],
     ["requests"],
     ["writer"],

@@ -52,7 +52,7 @@
 //!
 //! | record found | fingerprint | [`Store::begin`] answers |
 //! | --- | --- | --- |
-//! | none, or completed past its TTL | – | [`Begin::Claimed`] |
+//! | none, or completed past its TTL | – | [`Begin::Claimed`]; [`Begin::Recovered`] in a restore window ([`Recovery::Restored`]) |
 //! | in progress, lease live | same | [`Begin::InProgress`], nothing written |
 //! | in progress, lease expired | same | [`Begin::Recovered`], attempt + 1, previous checkpoint |
 //! | completed | same | [`Begin::Replay`], byte for byte |
@@ -79,6 +79,9 @@
 //!      instances sharing one database ([`PgStore`]).
 //!    - `inspect` (feature `cli`): a store's directory read without opening the store,
 //!      through `engine`'s table layout, `wal` and `storage`; it writes nothing.
+//!    - `replica` (feature `nats`): the write-ahead log shipped to NATS JetStream, and read
+//!      back by a restore (`replica::JetStream`); an adapter, on this floor so that `cli`
+//!      can restore from it. It names only `wal`'s shipping traits, `error` and `model`.
 //! 4. `protocol`: the claim protocol as traits, what is written against them (`Completer`),
 //!    and what both backends share: the claim model (`claim`), the outbox contract and the
 //!    lease keep-alive.
@@ -113,30 +116,41 @@ mod postgres;
 pub mod protocol;
 #[cfg(feature = "tokio")]
 pub mod relay;
+#[cfg(feature = "nats")]
+pub mod replica;
 mod storage;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod wal;
 
 pub use api::outbox::INBOX_OPERATION;
-pub use api::{Begin, Builder, Claim, CommitError, Error, Store};
+pub use api::{Begin, Builder, Claim, CommitError, Error, Standby, StandbyStatus, Store};
 pub use engine::{OwnedValue, ReadTx, Tx};
 #[cfg(feature = "postgres")]
 pub use error::PgOpenError;
 pub use error::{
     BackupError, BadTableReason, BoxError, ClaimError, CompactError, CorruptRecord, ExecuteError,
-    FingerprintError, ForgetError, Holder, OpenError, ReadError, RecoveryError, ResponseError,
-    ScopeError, StaleClaim, StaleReason, StoreError, TxError, WriteError,
+    FingerprintError, ForgetError, Holder, OpenError, ReadError, RecoveryError, ReplicaError,
+    ResponseError, RestoreError, ScopeError, StaleClaim, StaleReason, StoreError, TxError,
+    WriteError,
 };
+pub use model::claim::Recovery;
 pub use model::clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use model::config::{Durability, LooseFile, LoosePermissions, MetricLabels, SelfHeal, Sweep};
 pub use model::execution::Execution;
 pub use model::fingerprint::Fingerprint;
 pub use model::limits::{self, Limits};
-pub use model::maintenance::{Abandoned, BackedUp, Backlog, Compacted, Evicted, Forget};
+pub use model::maintenance::{
+    Abandoned, BackedUp, Backlog, Compacted, Evicted, Forget, Restored, Takeover,
+};
 pub use model::message::{DeadLetter, Message, MessageError};
 pub use model::record::{Record, RecordState};
+pub use model::replica::{
+    Guarantee, ShipState, Shipping, ShippingStats, SnapshotInfo, StreamPosition, Unreachable,
+    WriterIdentity,
+};
 pub use model::response::Response;
+pub use model::restore::RestoreWindow;
 pub use model::scope::{Scope, ScopePart};
 pub use model::stats::Stats;
 #[cfg(feature = "postgres")]
@@ -147,6 +161,7 @@ pub use protocol::keep_alive::KeepAlive;
 #[cfg(feature = "tokio")]
 pub use protocol::traits::{Protocol, ProtocolClaim};
 pub use wal::RecoveryReport;
+pub use wal::ship::{Replica, ReplicaSource, ShippedFrame};
 
 /// redb, re-exported so that table definitions use the same version the store was built with.
 pub use redb;

@@ -43,6 +43,17 @@ pub(crate) const OLDEST_IN_PROGRESS: &str = "idemstore_oldest_in_progress_second
 pub(crate) const LOG_SINCE_CHECKPOINT: &str = "idemstore_log_bytes_since_checkpoint";
 /// Size of the database file.
 pub(crate) const FILE_BYTES: &str = "idemstore_file_bytes";
+/// Log shipping: a frame's time from its local sync to the replica's acknowledgement.
+pub(crate) const SHIP_LAG_SECONDS: &str = "idemstore_ship_lag_seconds";
+/// Log shipping: how long the oldest frame not yet acknowledged has waited (0 when none).
+pub(crate) const SHIP_BEHIND_SECONDS: &str = "idemstore_ship_behind_seconds";
+/// Log shipping: frames acknowledged by the replica.
+pub(crate) const SHIP_FRAMES: &str = "idemstore_ship_frames_total";
+/// Log shipping: 1 while the replica is unreachable, the stream is written by another store,
+/// or a snapshot must replace lost frames; else 0. The alert.
+pub(crate) const SHIP_ALERT: &str = "idemstore_ship_alert";
+/// Log shipping: snapshots sent.
+pub(crate) const SHIP_SNAPSHOTS: &str = "idemstore_ship_snapshots_total";
 
 /// Counts a `begin` answer and its latency. `outcome` is one of six fixed names; `tenant` is
 /// `Some` only when the user opted in (`MetricLabels::WithTenant`).

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::claim::{Begin, Claim, CommitError};
 use super::store::Store;
 use crate::error::{ClaimError, StoreError};
+use crate::model::claim::Recovery;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
@@ -87,6 +88,10 @@ impl ProtocolClaim for Claim {
 
     fn last_checkpoint(&self) -> Option<&[u8]> {
         Claim::last_checkpoint(self)
+    }
+
+    fn recovery(&self) -> Option<Recovery> {
+        Claim::recovery(self)
     }
 
     fn downstream_key(&self) -> String {

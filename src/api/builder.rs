@@ -10,7 +10,10 @@ use crate::engine::Tables;
 use crate::error::OpenError;
 use crate::model::clock::Clock;
 use crate::model::config::{Config, Durability, LoosePermissions, MetricLabels, SelfHeal, Sweep};
+use crate::model::replica::Shipping;
 use crate::storage::Storage;
+use crate::wal::ship::{Replica, ShipOptions};
+use std::sync::Arc;
 
 /// Settings for [`Store::open`](crate::Store::open). Every setting is checked at `open`; an
 /// invalid one is an [`OpenError::InvalidConfig`], never a panic later.
@@ -19,6 +22,7 @@ pub struct Builder {
     config: Config,
     tables: Tables,
     bad_table: Option<OpenError>,
+    shipping: Option<ShipOptions>,
 }
 
 impl Default for Builder {
@@ -34,6 +38,7 @@ impl Builder {
             config: Config::default(),
             tables: Tables::new(),
             bad_table: None,
+            shipping: None,
         }
     }
 
@@ -60,6 +65,33 @@ impl Builder {
     #[must_use]
     pub fn tombstone_ttl(mut self, ttl: Duration) -> Self {
         self.config.tombstone_ttl = ttl;
+        self
+    }
+
+    /// How long after a restore a key this store has no live record of is answered
+    /// [`Begin::Recovered`](crate::Begin::Recovered) (its claim's
+    /// [`recovery`](crate::Claim::recovery) is [`Recovery::Restored`](crate::Recovery::Restored))
+    /// instead of `Claimed`, when the restore may lack writes the old store acknowledged: a
+    /// [`Store::backup`](crate::Store::backup) copy (always), or a replica shipped
+    /// asynchronously. The claim is a normal one; its handler checks downstream with
+    /// [`Claim::downstream_key`](crate::Claim::downstream_key), which is the key the old
+    /// store's attempt passed on, rather than running the operation a second time. The window
+    /// starts when the restored store first opens, and a reopen does not restart it.
+    ///
+    /// The default is the TTL. A retry of a request the old store acknowledged can arrive as
+    /// long as the old store would have replayed it, which is the TTL after it completed, and
+    /// it completed before the restore; a later retry would have run again on the old store
+    /// too. The TTL is the setting already chosen to outlast the retries (SDK retries within
+    /// minutes, queue redeliveries within hours, a person retrying by hand), so the window
+    /// follows it. A shorter window saves downstream checks (every new key in the window is a
+    /// recovery, which costs its handler one downstream call with the key) at the risk of a
+    /// late retry running blind; with tombstones, `ttl + tombstone_ttl` also covers the retries
+    /// the old store would have refused as expired.
+    ///
+    /// Default = the TTL. Valid: 0 ..= 3650 days; `Duration::ZERO` turns it off.
+    #[must_use]
+    pub fn restore_window(mut self, window: Duration) -> Self {
+        self.config.restore.window = Some(window);
         self
     }
 
@@ -224,6 +256,58 @@ impl Builder {
         self
     }
 
+    /// Ships the log to `replica` (a stream of its own for this store), in `mode`: every frame
+    /// once it is synced locally, and snapshots that keep a restore's tail short. With
+    /// [`Shipping::Async`] the store acknowledges after the local sync and the replica lags
+    /// behind; with [`Shipping::Sync`] only after the replica's acknowledgement too (see
+    /// [`Unreachable`](crate::Unreachable) for what happens while it is away). The README's
+    /// "Surviving the loss of the box" says what each mode loses and what a handler must do.
+    ///
+    /// Needs [`Durability::Wal`] (the log is what is shipped). A synchronous store that refuses
+    /// while the replica is away waits at open, up to [`Builder::ship_timeouts`]' second limit,
+    /// for the replica to hold every frame.
+    ///
+    /// Default = no shipping.
+    #[must_use]
+    pub fn ship(mut self, replica: impl Replica, mode: Shipping) -> Self {
+        self.shipping = Some(ShipOptions {
+            replica: Arc::new(replica),
+            mode,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            open_timeout: DEFAULT_OPEN_TIMEOUT,
+            snapshot_bytes: DEFAULT_SNAPSHOT_BYTES,
+        });
+        self
+    }
+
+    /// How long a synchronous frame waits for the replica's acknowledgement before the
+    /// [`Unreachable`](crate::Unreachable) policy applies (`ack`), and how long a synchronous,
+    /// refusing store's open waits for the replica to catch up (`open`). Ignored without
+    /// [`Builder::ship`].
+    ///
+    /// Default = 5 s and 60 s. Valid: 1 ms ..= 1 hour each.
+    #[must_use]
+    pub fn ship_timeouts(mut self, ack: Duration, open: Duration) -> Self {
+        if let Some(shipping) = &mut self.shipping {
+            shipping.ack_timeout = ack;
+            shipping.open_timeout = open;
+        }
+        self
+    }
+
+    /// Log shipped after which the store sends a new snapshot, so that a restore replays at
+    /// most about this much (or as much as the last snapshot's size, if that is larger: a
+    /// snapshot costs its size to send). Ignored without [`Builder::ship`].
+    ///
+    /// Default = 64 MiB. Valid: 64 KiB ..= 64 GiB.
+    #[must_use]
+    pub fn ship_snapshot_bytes(mut self, bytes: u64) -> Self {
+        if let Some(shipping) = &mut self.shipping {
+            shipping.snapshot_bytes = bytes;
+        }
+        self
+    }
+
     /// Opens (or creates) the store in directory `dir`, creating the directory if absent.
     ///
     /// The directory is locked first (an exclusive lock on its `idemstore.lock`, which names
@@ -261,6 +345,44 @@ impl Builder {
             return Err(e);
         }
         self.config.validate()?;
-        Store::open_with(storage()?, self.config, self.tables)
+        if let Some(shipping) = &self.shipping {
+            check_shipping(&self.config, shipping)?;
+        }
+        Store::open_with(storage()?, self.config, self.tables, self.shipping)
     }
+}
+
+/// How long a synchronous frame waits for the replica, by default.
+const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a synchronous, refusing store's open waits for the replica, by default.
+const DEFAULT_OPEN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Log shipped between snapshots, by default.
+const DEFAULT_SNAPSHOT_BYTES: u64 = 64 << 20;
+
+/// The shipping settings' ranges, and the durability they need.
+fn check_shipping(config: &Config, shipping: &ShipOptions) -> Result<(), OpenError> {
+    let invalid =
+        |setting: &'static str, reason: String| Err(OpenError::InvalidConfig { setting, reason });
+    if config.durability != Durability::Wal {
+        return invalid(
+            "ship",
+            "log shipping ships the write-ahead log: it needs Durability::Wal".into(),
+        );
+    }
+    let range = Duration::from_millis(1)..=Duration::from_secs(3600);
+    for (name, value) in [
+        ("ship_timeouts (ack)", shipping.ack_timeout),
+        ("ship_timeouts (open)", shipping.open_timeout),
+    ] {
+        if !range.contains(&value) {
+            return invalid(name, format!("{value:?} is outside 1 ms ..= 1 hour"));
+        }
+    }
+    if !(64 << 10..=64 << 30).contains(&shipping.snapshot_bytes) {
+        return invalid(
+            "ship_snapshot_bytes",
+            format!("{} is outside 64 KiB ..= 64 GiB", shipping.snapshot_bytes),
+        );
+    }
+    Ok(())
 }

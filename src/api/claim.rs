@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::api::store::Store;
 use crate::engine::{CommitRefusal, Held, HoldToken, Refusal, Request, Tx, UserFailure, request};
 use crate::error::{BoxError, ClaimError, StoreError};
+use crate::model::claim::Recovery;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
@@ -84,12 +85,29 @@ impl Claim {
         self.holding.last_checkpoint()
     }
 
+    /// Why this claim is a recovery, when [`Begin::Recovered`](crate::Begin::Recovered) gave
+    /// it: [`Recovery::LeaseExpired`] for a take-over, [`Recovery::Restored`] for a key this
+    /// store, recently restored from a copy that may lag, has no record of. `None` for a
+    /// `Claimed` one. Either way, find out downstream (with [`Claim::downstream_key`]) what an
+    /// earlier attempt did before doing it again.
+    pub fn recovery(&self) -> Option<Recovery> {
+        self.holding.recovery()
+    }
+
     /// An idempotency key to pass to downstream APIs (a payment processor, a mail service).
     ///
-    /// It is the same for every attempt of this operation, take-overs included, so a recovered
-    /// attempt that repeats a downstream call is deduplicated downstream. It changes after a
-    /// release or once the TTL passed, because those start a new operation. 32 lowercase hex
-    /// characters, derived from the scope and the first attempt's fence.
+    /// It names the request: 32 lowercase hex characters derived from the scope and the
+    /// request's fingerprint, and from nothing this store keeps. So it is the same for every
+    /// attempt of this operation, take-overs included, and on a store restored from a copy of
+    /// this one ([`Recovery::Restored`]): a recovered attempt that repeats a downstream call,
+    /// here or on the new box, is deduplicated downstream.
+    ///
+    /// The same request on the same key gets the same downstream key after a release, a
+    /// `forget` or once the TTL passed, too: downstream then deduplicates it against the
+    /// earlier attempt (a downstream API that stored a failure under the key answers it
+    /// again). A different request on the key (after its record went) gets a different one.
+    /// An operation begun by an earlier build (0.1.0, whose keys came from the first
+    /// attempt's fence) keeps the key its first attempt had (see `docs/design.md`, "Fences").
     pub fn downstream_key(&self) -> String {
         self.holding.downstream_key()
     }

@@ -12,9 +12,12 @@ pub(crate) mod claim;
 pub(crate) mod outbox;
 #[cfg(feature = "tokio")]
 mod outbox_contract;
+mod restore;
+mod standby;
 pub(crate) mod store;
 
 pub use any_error::Error;
 pub use builder::Builder;
 pub use claim::{Begin, Claim, CommitError};
+pub use standby::{Standby, StandbyStatus};
 pub use store::Store;

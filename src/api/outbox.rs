@@ -40,6 +40,12 @@ impl Store {
     /// ack: the broker delivers it again. `fingerprint` is of the message's payload: a
     /// different payload under the same id is `Mismatch`, a broker or producer bug to alert on.
     ///
+    /// In a restored store's restore window (see
+    /// [`Builder::restore_window`](crate::Builder::restore_window)) a redelivery of a message
+    /// the old store applied, but the copy lacks, runs `work` again: its effect was local and
+    /// went with the old store, and the messages `work` publishes get the ids the old store
+    /// gave them, so a broker that deduplicates by id keeps one of each.
+    ///
     /// # Errors
     /// As [`Store::execute`], and [`ExecuteError::BadScope`] for a consumer name or message
     /// id that cannot be a scope part.

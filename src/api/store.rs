@@ -25,6 +25,7 @@ use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 use crate::storage::Storage;
 use crate::wal::RecoveryReport;
+use crate::wal::ship::ShipOptions;
 
 /// An open idempotency store. Cheap to clone; every clone is the same store.
 ///
@@ -73,8 +74,9 @@ impl Store {
         storage: Storage,
         config: Config,
         tables: Tables,
+        shipping: Option<ShipOptions>,
     ) -> Result<Store, OpenError> {
-        let engine = Engine::open(storage, config, tables).inspect_err(|e| {
+        let engine = Engine::open(storage, config, tables, shipping).inspect_err(|e| {
             tracing::error!(error = %e, "idemstore could not open");
         })?;
         Ok(Store {
@@ -352,6 +354,16 @@ impl Store {
     /// (`.NAME.backup-PID-N`), synced, and renamed to `dest`, so `dest` never holds part of a
     /// copy; a crash can leave that directory behind, to remove by hand. Its files are made
     /// readable by this user only, as the store's are; missing parents of `dest` are made.
+    ///
+    /// The copy is marked as a restore that may lag ([`Guarantee::MayLag`](crate::Guarantee)):
+    /// this store goes on acknowledging writes the copy lacks, so when the copy is opened in
+    /// its place, a retry of one of them would find no key there. For
+    /// [`Builder::restore_window`](crate::Builder::restore_window) from the copy's first open
+    /// (the TTL by default), a key it has no live record of is answered
+    /// [`Begin::Recovered`](crate::Begin::Recovered) with
+    /// [`Recovery::Restored`](crate::Recovery::Restored) instead of `Claimed`, and the
+    /// handler checks downstream with the claim's downstream key, the one this store's attempt
+    /// used. [`Stats::restore_window`](crate::Stats) shows the window.
     ///
     /// # Errors
     /// [`BackupError`]: `dest` exists and is not an empty directory; the store's file holds a

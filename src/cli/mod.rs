@@ -23,6 +23,8 @@ mod evict;
 mod fail;
 mod get;
 mod list;
+#[cfg(feature = "nats")]
+mod restore;
 mod show;
 mod stats;
 mod verify;
@@ -128,6 +130,10 @@ enum Command {
     /// Copy a stopped store into a new directory that opens as a store (opens the store for
     /// writing; a running service calls `Store::backup` instead).
     Backup(backup::BackupArgs),
+    /// Rebuild a store from the JetStream stream its log was shipped to: the latest snapshot
+    /// and the frames after it (feature `nats`).
+    #[cfg(feature = "nats")]
+    Restore(restore::RestoreArgs),
 }
 
 /// Runs the tool: parses the process's arguments ([`std::env::args`]), runs the command they
@@ -158,6 +164,8 @@ pub fn run() -> ExitCode {
         Command::Evict(args) => evict::run(&args),
         Command::Compact(args) => compact::run(&args),
         Command::Backup(args) => backup::run(&args),
+        #[cfg(feature = "nats")]
+        Command::Restore(args) => restore::run(&args),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -12,6 +12,11 @@
 //!
 //! The backup runs on the caller's thread, never the writer's: the writer goes on committing
 //! while the tables are copied, and only the snapshot (a redb read transaction) is held.
+//!
+//! Every copy is marked as a restore that may lag (`meta::set_restore_pending`,
+//! [`Guarantee::MayLag`], with the last log frame its snapshot holds): the store it was taken
+//! from goes on acknowledging writes the copy lacks. The copy's first open starts its restore
+//! window (`model::restore`), in which unknown keys answer `Recovered`.
 
 use std::path::Path;
 use std::time::Instant;
@@ -20,6 +25,7 @@ use redb::{Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, Tab
 
 use crate::error::{BackupError, StoreError};
 use crate::model::maintenance::BackedUp;
+use crate::model::replica::Guarantee;
 use crate::storage::{BackupDir, check_backup_destination};
 
 use super::Engine;
@@ -48,6 +54,19 @@ impl Engine {
             .read(&self.shared.poison)?
             .begin_read()
             .map_err(StoreError::from)?;
+        self.copy_snapshot(snapshot, dest, started)
+            .map(|(backed_up, _)| backed_up)
+    }
+
+    /// Copies `snapshot` into the new store directory `dest`, which was checked to be empty;
+    /// also returns the log checkpoint the copy records (the frame it covers when `snapshot`
+    /// was taken right after a checkpoint).
+    pub(in crate::engine) fn copy_snapshot(
+        &self,
+        snapshot: ReadTransaction,
+        dest: &Path,
+        started: Instant,
+    ) -> Result<(BackedUp, u64), BackupError> {
         let tables = self.tables_to_copy(&snapshot)?;
         let dir = BackupDir::create(dest)?;
         let db = dir.database(self.shared.config.memory().redb_cache)?;
@@ -80,7 +99,7 @@ impl Engine {
             ms = backed_up.duration.as_millis() as u64,
             "backed up the store"
         );
-        Ok(backed_up)
+        Ok((backed_up, meta.log_checkpoint.seq))
     }
 
     /// Every table of this build the store registered; an error naming a table of the
@@ -103,7 +122,7 @@ impl Engine {
     }
 
     /// Copies `tables` from the snapshot into the new database `db` in one durable
-    /// transaction, with the metadata of a store without a log.
+    /// transaction, with the metadata of a store without a log that is a restore which may lag.
     fn copy(
         &self,
         snapshot: &ReadTransaction,
@@ -128,6 +147,11 @@ impl Engine {
             *count += rows;
         }
         meta::without_log(&txn)?;
+        // A copy is older than the store it was taken from, which goes on acknowledging
+        // writes: opened in its place, it may lack some, so it is marked as a restore that may
+        // lag (a restore that knows better, from a replica's frames, marks it again).
+        let last_frame = meta::applied(snapshot)?;
+        meta::set_restore_pending(&txn, Guarantee::MayLag, last_frame)?;
         txn.commit()?;
         Ok(copied)
     }

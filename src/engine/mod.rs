@@ -11,7 +11,9 @@
 //! The folders and files, each named by what it does, top to bottom: each names only those
 //! below it (`.ci/floors.py` checks this too).
 //! 1. `upkeep` (eviction, checkpoints, compaction, recovery on request), the `sweeper`
-//!    that runs it, and `backup` (the store copied from one snapshot into a new directory);
+//!    that runs it, `backup` (the store copied from one snapshot into a new directory),
+//!    `shipping` (the log's shipper started with the engine, and the snapshots it sends) and
+//!    `rebuild` (a store rebuilt from a replica's snapshot and frames);
 //! 2. `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through
 //!    the indexes, the overlay of acknowledged records not yet published;
 //! 3. `requests`: each write a facade can ask for, what it does on the writer, and the queue
@@ -26,14 +28,17 @@ mod backup;
 mod counters;
 mod poison;
 mod reads;
+mod rebuild;
 mod recovery;
 mod requests;
+mod shipping;
 mod sweeper;
 mod tables;
 mod upkeep;
 mod watchers;
 mod writer;
 
+pub(crate) use self::rebuild::{Followed, Position, finish, follow, rebuild};
 pub(crate) use self::requests::Request;
 pub(crate) use self::requests::answers::{
     CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure,
@@ -83,6 +88,7 @@ use crate::model::limits::Limits;
 use crate::model::pace::Pace;
 use crate::storage::{Storage, SyncWatch};
 use crate::wal::RecoveryReport;
+use crate::wal::ship::{ShipOptions, Shipper};
 
 use self::counters::Counters;
 use self::poison::Poison;
@@ -121,6 +127,8 @@ pub(crate) struct Shared {
     pub(crate) recovery: Arc<Mutex<RecoveryReport>>,
     /// Whether a sync of the database file failed since it was last written whole.
     pub(crate) db_watch: Arc<SyncWatch>,
+    /// The log's shipping to a replica, if the store ships.
+    pub(crate) shipper: Option<Arc<Shipper>>,
 }
 
 #[derive(Debug)]
@@ -142,13 +150,20 @@ impl Engine {
         storage: Storage,
         config: Config,
         tables: Tables,
+        shipping: Option<ShipOptions>,
     ) -> Result<Arc<Engine>, OpenError> {
-        let engine = Arc::new(Self::start(storage, config, tables)?);
+        let engine = Arc::new(Self::start(storage, config, tables, shipping)?);
+        engine.start_shipping()?;
         engine.start_sweeper()?;
         Ok(engine)
     }
 
-    fn start(storage: Storage, config: Config, tables: Tables) -> Result<Engine, OpenError> {
+    fn start(
+        storage: Storage,
+        config: Config,
+        tables: Tables,
+        shipping: Option<ShipOptions>,
+    ) -> Result<Engine, OpenError> {
         let Tables { registry, internal } = tables;
         check_permissions(&storage, &config)?;
         let db_watch = Arc::new(SyncWatch::default());
@@ -157,7 +172,7 @@ impl Engine {
         let db = recovery::guarded(&storage, || {
             storage.database(config.memory().redb_cache, &db_watch)
         })?;
-        let (caught_up, partitions) = match prepare(&storage, &config, &registry, &db) {
+        let (caught_up, partitions, restored) = match prepare(&storage, &config, &registry, &db) {
             Ok(prepared) => prepared,
             Err(e) => {
                 if db_watch.failed() {
@@ -174,6 +189,13 @@ impl Engine {
             }
         };
 
+        let durable = caught_up
+            .log
+            .as_ref()
+            .map_or(0, |(_, start)| start.next_seq - 1);
+        let shipper = shipping::start(shipping, &storage, config.memory().ship_queue, durable)?;
+        let mut config = config;
+        config.restore = config.restore.opened(restored, config.ttl);
         let config = Arc::new(config);
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let shared = Shared {
@@ -189,6 +211,7 @@ impl Engine {
             watchers: Arc::default(),
             recovery: Arc::new(Mutex::new(caught_up.report)),
             db_watch,
+            shipper,
         };
         let writer = Writer::new(
             shared.clone(),
@@ -249,16 +272,29 @@ impl Engine {
     }
 }
 
-/// Every step of opening that writes the file: its tables and metadata, the log replayed into
-/// it, an older format moved to this one, and the partitions read back.
+/// Every step of opening that writes the file: its tables and metadata (a restore's window
+/// stamped at its first open), the log replayed into it, an older format moved to this one,
+/// and the partitions read back.
 fn prepare(
     storage: &Storage,
     config: &Config,
     registry: &Registry,
     db: &redb::Database,
-) -> Result<(recovery::catch_up::CaughtUp, Partitions), OpenError> {
+) -> Result<
+    (
+        recovery::catch_up::CaughtUp,
+        Partitions,
+        Option<crate::model::restore::RestoreMark>,
+    ),
+    OpenError,
+> {
     recovery::guarded(storage, || {
         tables::meta::set_up(db, registry, &storage.db_path())
+    })?;
+    // Before anything is replayed or served: the window of a restored store starts at its
+    // first open, durably, so a crash or a reopen does not restart it.
+    let restored = recovery::guarded(storage, || {
+        tables::meta::start_restore_window(db, config.clock.now())
     })?;
     // Replay whatever the log holds past the checkpoint, in either durability mode: a store
     // last opened with the log must not lose it when reopened without.
@@ -271,7 +307,7 @@ fn prepare(
         recovery::migrate::if_needed(db, config, caught_up)
     })?;
     let partitions = recovery::guarded(storage, || recovery::partitions::open(db, config))?;
-    Ok((caught_up, partitions))
+    Ok((caught_up, partitions, restored))
 }
 
 /// Says what opening found in the log.

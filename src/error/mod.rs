@@ -29,6 +29,8 @@ mod open;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod recovery;
+mod replica;
+mod restore;
 mod store;
 mod tx;
 
@@ -42,6 +44,8 @@ pub use open::{BadTableReason, Holder, OpenError};
 #[cfg(feature = "postgres")]
 pub use postgres::PgOpenError;
 pub use recovery::RecoveryError;
+pub use replica::ReplicaError;
+pub use restore::RestoreError;
 pub use store::StoreError;
 pub use tx::{ReadError, TxError};
 

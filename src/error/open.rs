@@ -124,6 +124,17 @@ pub enum OpenError {
     /// The writer thread could not be started.
     #[error("cannot start the writer thread: {0}")]
     Thread(#[source] std::io::Error),
+    /// The store ships its log synchronously and refuses to serve while its replica lacks
+    /// frames (`Unreachable::Refuse`), and the replica did not catch up in time: the store
+    /// would otherwise serve frames synced locally that a restore elsewhere would not have.
+    #[error(
+        "the store ships its log synchronously and its replica did not catch up ({source}); make the replica reachable and open again, or open with Unreachable::FallBack to serve with an alert"
+    )]
+    Replica {
+        /// What the replica answered.
+        #[source]
+        source: crate::error::ReplicaError,
+    },
 }
 
 /// Who holds a store directory's lock, as the holder recorded it in the lock file: for

@@ -18,6 +18,7 @@ use crate::api::store::Store;
 use crate::error::{
     BoxError, ClaimError, CommitError, ExecuteError, ResponseError, StaleClaim, StoreError,
 };
+use crate::model::claim::Recovery;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
@@ -75,6 +76,7 @@ pub(crate) enum AfterHandler<C> {
 struct Shared<C> {
     scope: Scope,
     attempt: u32,
+    recovery: Option<Recovery>,
     fence: u64,
     downstream_key: String,
     slot: Mutex<Slot<C>>,
@@ -88,9 +90,11 @@ struct Shared<C> {
 /// writes and its response **one** commit ([`IdempotentRequest::commit`]); one that does not,
 /// has its response stored by the middleware when it returns.
 ///
-/// A recovery (the previous attempt's lease expired, [`attempt`](Self::attempt) > 1) may find
-/// the previous attempt's side effects done: pass [`downstream_key`](Self::downstream_key) to
-/// downstream APIs so that they deduplicate, and read
+/// A recovery ([`recovery`](Self::recovery) is `Some`: the previous attempt's lease expired,
+/// or the store was recently restored from a copy that may lack this request) may find an
+/// earlier attempt's side effects done: pass [`downstream_key`](Self::downstream_key) to
+/// downstream APIs so that they deduplicate (it is the key every attempt of the request had,
+/// on this store or the one it was restored from), and read
 /// [`last_checkpoint`](Self::last_checkpoint).
 ///
 /// If the handler panics or its future is dropped (the client went away, a timeout layer
@@ -127,6 +131,7 @@ impl<P: Protocol> IdempotentRequest<P> {
             shared: Arc::new(Shared {
                 scope: claim.scope().clone(),
                 attempt: claim.attempt(),
+                recovery: claim.recovery(),
                 fence: claim.fence(),
                 downstream_key: claim.downstream_key(),
                 checkpoint: Mutex::new(claim.last_checkpoint().map(<[u8]>::to_vec)),
@@ -146,13 +151,21 @@ impl<P: Protocol> IdempotentRequest<P> {
         self.shared.attempt
     }
 
+    /// Why this request is a recovery, if it is ([`ProtocolClaim::recovery`]): a take-over of
+    /// an expired lease (`attempt` > 1), or a key the store, restored from a copy that may lag
+    /// within its restore window, has no record of (`attempt` 1). Check downstream with
+    /// [`downstream_key`](Self::downstream_key) before repeating a side effect.
+    pub fn recovery(&self) -> Option<Recovery> {
+        self.shared.recovery
+    }
+
     /// The claim's fence (see [`ProtocolClaim::fence`]).
     pub fn fence(&self) -> u64 {
         self.shared.fence
     }
 
-    /// A key for downstream APIs, the same for every attempt of this operation
-    /// ([`ProtocolClaim::downstream_key`]).
+    /// A key for downstream APIs, the same for every attempt of this request, here or on a
+    /// store restored from a copy of this one ([`ProtocolClaim::downstream_key`]).
     pub fn downstream_key(&self) -> &str {
         &self.shared.downstream_key
     }

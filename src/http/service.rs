@@ -197,8 +197,10 @@ where
 
     // Claimed as the stop began, and nothing has run yet: a first attempt gives its key back,
     // so the client's retry runs at once wherever it lands instead of waiting for the lease. A
-    // recovery runs: an earlier attempt may have done the work downstream, and a release would
-    // forget it (the next claim would be a first attempt, with a new downstream key).
+    // take-over runs: an earlier attempt may have done the work downstream, and a release would
+    // forget it (the next claim would be a first attempt, told nothing of it). A first attempt
+    // in a restore window gives its key back too: the store knows nothing of the earlier
+    // attempt either way, and the retry's claim is a recovery again while the window lasts.
     if settings.drain.is_draining() && claim.attempt() == 1 {
         if let Err(e) = claim.release().await {
             tracing::warn!(%scope, error = %e, "a claim made during the stop could not be released; it stays in progress until its lease ends");

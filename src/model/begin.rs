@@ -22,9 +22,12 @@ pub enum Begin<C> {
     /// No live record existed: the caller owns the scope and must do the work, then commit
     /// or release the claim.
     Claimed(C),
-    /// A previous attempt's lease expired: the caller owns the scope now, as the next attempt.
-    /// The previous attempt may have had side effects; its last checkpoint comes with the
-    /// claim. Reconcile with the claim's downstream key before acting.
+    /// An earlier attempt may have run: the caller owns the scope now, but must reconcile
+    /// with the claim's downstream key before acting. The claim's `recovery()` says why
+    /// ([`Recovery`](crate::Recovery)): a previous attempt's lease expired and this is the next
+    /// attempt, with that attempt's last checkpoint; or the store was restored from a copy
+    /// that may lack writes the old store acknowledged, within its restore window, and has no
+    /// record of the key (attempt 1, no checkpoint; the downstream key is the old store's).
     Recovered(C),
     /// The request already completed: this is its stored response, byte for byte.
     Replay(Response),

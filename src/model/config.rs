@@ -145,6 +145,9 @@ pub(crate) struct Config {
     pub(crate) memory_budget: usize,
     pub(crate) metric_labels: MetricLabels,
     pub(crate) clock: Arc<dyn Clock>,
+    /// How long after a restore unknown keys are recoveries (the setting), and the restore it
+    /// applies to, read from the metadata when the store opens.
+    pub(crate) restore: crate::model::restore::AfterRestore,
 }
 
 impl Default for Config {
@@ -166,6 +169,7 @@ impl Default for Config {
             memory_budget: DEFAULT_MEMORY_BUDGET,
             metric_labels: MetricLabels::default(),
             clock: Arc::new(SystemClock),
+            restore: crate::model::restore::AfterRestore::default(),
         }
     }
 }
@@ -190,7 +194,8 @@ impl Config {
         self.validate_log()?;
         self.validate_background()?;
         self.validate_memory()?;
-        self.validate_checkpoint_interval()
+        self.validate_checkpoint_interval()?;
+        self.restore.validate()
     }
 
     /// How long records and claims last.

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::model::claim::{Phase, check_holder};
+use crate::model::claim::{Phase, REQUEST_ORIGIN, check_holder};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::invalid::StaleReason;
@@ -17,7 +17,10 @@ use crate::model::response::Response;
 /// What `begin` must do, decided from the stored record alone, with what it decided on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Decision<'a> {
-    /// No live record: claim it (fresh attempt 1).
+    /// No live record: claim it (fresh attempt 1). The writer answers the claim `Recovered`
+    /// instead of `Claimed` while a restore that may lack acknowledged writes is recent
+    /// ([`AfterRestore::covers`](crate::model::restore::AfterRestore::covers)): the old
+    /// store may have run the request.
     Claim,
     /// An in-progress record whose lease ended: take it over as the next attempt.
     TakeOver(&'a Record),
@@ -80,7 +83,8 @@ fn in_flight(record: &Record, lease_until: Timestamp, now: Timestamp) -> InFligh
     }
 }
 
-/// The record written by a fresh claim.
+/// The record written by a fresh claim: its downstream key derives from the request
+/// ([`REQUEST_ORIGIN`]), so a restored store derives the same one.
 pub(crate) fn claimed(
     fingerprint: Fingerprint,
     fence: u64,
@@ -90,7 +94,7 @@ pub(crate) fn claimed(
     Record {
         fingerprint,
         fence,
-        origin_fence: fence,
+        origin_fence: REQUEST_ORIGIN,
         attempt: 1,
         created_at: now,
         state: RecordState::InProgress {
@@ -297,7 +301,16 @@ mod tests {
         };
         let next = taken_over(&held, 9, t(40_000), LEASE);
         assert_eq!(next.fence, 9);
-        assert_eq!(next.origin_fence, 4);
+        assert_eq!(next.origin_fence, REQUEST_ORIGIN);
+        let by_an_earlier_build = Record {
+            origin_fence: 4,
+            ..held.clone()
+        };
+        assert_eq!(
+            taken_over(&by_an_earlier_build, 9, t(40_000), LEASE).origin_fence,
+            4,
+            "an earlier build's origin stays"
+        );
         assert_eq!(next.attempt, 2);
         assert_eq!(
             next.state,

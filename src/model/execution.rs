@@ -16,7 +16,10 @@ pub enum Execution {
     /// The closure ran, and its writes and the completed record committed together: this is
     /// its response. It ran as a first attempt, or over a two-phase claim whose lease had
     /// expired (that attempt's checkpoint is not read: `execute` is for local work, which a
-    /// crashed attempt never half did).
+    /// crashed attempt never half did), or, in a restored store's restore window, over a key
+    /// the old store may have run (its local effects went with it, and messages the closure
+    /// publishes get the ids the old store gave them). The last two count as recoveries in
+    /// [`Stats`](crate::Stats).
     Executed(Response),
     /// The request already completed: its stored response, byte for byte. The closure did not
     /// run.

@@ -101,3 +101,36 @@ pub enum Forget {
     /// request. An in-progress record is refused: its outcome is unknown.
     Completed,
 }
+
+/// What [`Store::restore`](crate::Store::restore) rebuilt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Restored {
+    /// The frame the snapshot covered.
+    pub snapshot: u64,
+    /// Frames after the snapshot written into the new store's log; its first open replays
+    /// them.
+    pub frames: u64,
+    /// The last frame the stream held: the restored store's log goes on after it.
+    pub last_frame: u64,
+    /// What the old store promised: with [`Guarantee::MayLag`](crate::Guarantee::MayLag) it
+    /// may have acknowledged more than the stream held, and the restored store answers
+    /// unknown keys as recoveries for a while after its first open.
+    pub guarantee: crate::model::replica::Guarantee,
+    /// Whether the restore took the stream over (see [`Takeover`]).
+    pub took_over: bool,
+    /// How long the restore took.
+    pub duration: std::time::Duration,
+}
+
+/// Whether a restore makes the new store the stream's writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// The old store is lost: the restored store becomes the stream's writer, and the old one
+    /// is fenced off (its publishes fail from now on). Use it for the box that replaces a lost
+    /// one.
+    Yes,
+    /// A copy only (to inspect, or to test a restore): the stream keeps its writer, and the
+    /// restored store is refused if it tries to ship to the stream.
+    No,
+}

@@ -10,7 +10,9 @@
 //!   after a failure. Each is about the size of the write set, which is held to **an eighth**
 //!   of the budget (at most 32 MiB, past which a larger epoch buys nothing);
 //! - one writer group, and one log frame (the groups the log thread writes with one sync): an
-//!   eighth each, with the same cap.
+//!   eighth each, with the same cap;
+//! - with log shipping, the frames synced locally that the replica has not acknowledged yet:
+//!   the last **eighth** (same cap). Past it the queue is dropped and a snapshot replaces it.
 //!
 //! Not bounded by the budget: a single request or response larger than those shares (it is
 //! bounded by [`max_response_bytes`](crate::Builder::max_response_bytes) and
@@ -41,6 +43,8 @@ pub(crate) struct MemoryShares {
     pub(crate) group: u64,
     /// Payload bytes after which the log thread stops adding groups to a frame.
     pub(crate) frame: u64,
+    /// Unshipped frame bytes the shipper holds at most.
+    pub(crate) ship_queue: u64,
     /// Completed records the open partition takes before it is sealed: as many as fit half
     /// the redb cache at about 256 bytes of page each (a power of two, 4,096 to 1,048,576), so
     /// that the pages new records land on stay cached. 65,536 at the default budget.
@@ -60,6 +64,7 @@ impl MemoryShares {
             epoch: eighth,
             group: eighth,
             frame: eighth,
+            ship_queue: eighth,
             partition_records,
         }
     }
@@ -73,7 +78,7 @@ mod tests {
     fn the_shares_add_up_to_the_budget_at_most() {
         for budget in [MIN_MEMORY_BUDGET, DEFAULT_MEMORY_BUDGET, 1 << 30, 16 << 30] {
             let s = MemoryShares::of(budget);
-            let total = s.redb_cache as u64 + s.epoch + s.group + s.frame;
+            let total = s.redb_cache as u64 + s.epoch + s.group + s.frame + s.ship_queue;
             assert!(total <= budget as u64, "{budget}: {s:?}");
             assert!(s.epoch > 0 && s.group > 0 && s.frame > 0);
         }

@@ -20,6 +20,8 @@ pub(crate) mod outcomes;
 pub(crate) mod pace;
 pub(crate) mod panic;
 pub(crate) mod record;
+pub(crate) mod replica;
 pub(crate) mod response;
+pub(crate) mod restore;
 pub(crate) mod scope;
 pub(crate) mod stats;

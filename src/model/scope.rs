@@ -3,6 +3,8 @@
 //! This module owns validation and the byte encoding used as the records table's key. It must
 //! never accept a part that could make two different scopes encode to the same bytes.
 
+use crate::model::claim::REQUEST_ORIGIN;
+use crate::model::fingerprint::Fingerprint;
 use crate::model::hex::hex;
 use crate::model::limits::{MAX_KEY_LEN, MAX_OPERATION_LEN, MAX_TENANT_LEN};
 use std::fmt;
@@ -57,18 +59,47 @@ pub(crate) fn spans_wanted() -> bool {
     tracing::enabled!(tracing::Level::DEBUG)
 }
 
-/// The domain of the hash that makes downstream keys (and outbox message ids).
-const DOWNSTREAM_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
+/// The domain of the hash that makes a downstream key (and outbox message ids) from the
+/// request: every operation this build begins.
+const DOWNSTREAM_REQUEST_CONTEXT: &str =
+    "idemstore 2026-12 downstream idempotency key v2 (request)";
+/// The domain of the hash that made a downstream key from the first attempt's fence: the
+/// operations earlier builds began, which keep it.
+const DOWNSTREAM_FENCE_CONTEXT: &str = "idemstore 2026-11 downstream idempotency key v1";
 
 impl Scope {
-    /// The key a claim passes downstream: a hash of the scope and the fence of the operation's
-    /// first attempt, so the same for every attempt and different for a new operation on the
-    /// key after its record went. 32 hex digits.
-    pub(crate) fn downstream_key(&self, origin_fence: u64) -> String {
-        let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_CONTEXT);
-        hasher.update(self.encode());
-        hasher.update(&origin_fence.to_le_bytes());
-        hex(&hasher.finalize().as_bytes()[..16])
+    /// The key a claim passes downstream, and the prefix of its outbox messages' ids: 32 hex
+    /// digits of a hash.
+    ///
+    /// For every operation this build begins (`origin_fence` is
+    /// [`REQUEST_ORIGIN`](crate::model::claim::REQUEST_ORIGIN)), a hash of the request's
+    /// fingerprint and the scope, and nothing a store keeps: the same for every attempt,
+    /// take-overs included, and the same on any store, so a store restored from a copy that
+    /// lacks the operation derives the key the old store's attempt passed downstream, and its
+    /// recovery finds what that attempt did. The trade-off: the same request on the same key
+    /// gets the same key again after a release, a `forget` or its TTL, so downstream
+    /// deduplicates it against the earlier attempt (a downstream that stored a failure under
+    /// the key answers it again); another request on the key gets another key. A key that
+    /// changed after a release (from the next fence, say) would differ between the old store
+    /// and a restored one, which is the second charge this prevents.
+    ///
+    /// For an operation an earlier build began, whose record carries its first attempt's fence
+    /// as the origin, the hash of the scope and that fence, as that build derived it: a
+    /// take-over after an upgrade keeps the key its first attempt used.
+    pub(crate) fn downstream_key(&self, fingerprint: &Fingerprint, origin_fence: u64) -> String {
+        let hash = if origin_fence == REQUEST_ORIGIN {
+            // The fingerprint first: it has a fixed length, so the bytes hashed are injective.
+            let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_REQUEST_CONTEXT);
+            hasher.update(fingerprint.as_bytes());
+            hasher.update(self.encode());
+            hasher.finalize()
+        } else {
+            let mut hasher = blake3::Hasher::new_derive_key(DOWNSTREAM_FENCE_CONTEXT);
+            hasher.update(self.encode());
+            hasher.update(&origin_fence.to_le_bytes());
+            hasher.finalize()
+        };
+        hex(&hash.as_bytes()[..16])
     }
 
     /// Validates the three parts and builds a scope.
@@ -242,6 +273,40 @@ mod tests {
             Scope::decode(&[]),
             Err(ScopeError::Malformed { .. })
         ));
+    }
+
+    #[test]
+    fn a_downstream_key_names_the_request_on_the_scope() -> Result<(), ScopeError> {
+        let scope = Scope::new("acct_2", "charge", "k-1")?;
+        let (a, b) = (Fingerprint::of_bytes(b"a"), Fingerprint::of_bytes(b"b"));
+        let key = scope.downstream_key(&a, REQUEST_ORIGIN);
+        assert_eq!(key.len(), 32);
+        assert_eq!(
+            key,
+            scope.downstream_key(&a, REQUEST_ORIGIN),
+            "derived, not kept"
+        );
+        assert_ne!(
+            key,
+            scope.downstream_key(&b, REQUEST_ORIGIN),
+            "another request"
+        );
+        let other = Scope::new("acct_2", "charge", "k-2")?;
+        assert_ne!(key, other.downstream_key(&a, REQUEST_ORIGIN), "another key");
+        Ok(())
+    }
+
+    /// The key the build before request-derived keys gave an operation whose first attempt had
+    /// fence 5 (`tests/fixtures/format-2`'s running claim, taken over by that build's code).
+    #[test]
+    fn an_operation_an_earlier_build_began_keeps_its_fenced_key() -> Result<(), ScopeError> {
+        let scope = Scope::new("acct_2", "charge", "k-running")?;
+        let any = Fingerprint::of_bytes(b"req-running");
+        assert_eq!(
+            scope.downstream_key(&any, 5),
+            "7923847df6a7f4711f3e3fa435c2141d"
+        );
+        Ok(())
     }
 
     #[test]

@@ -37,7 +37,8 @@ pub struct Stats {
 
     /// `begin` answers since open: `Claimed`.
     pub claims: u64,
-    /// `Recovered` (take-overs of an expired lease).
+    /// `Recovered`: take-overs of an expired lease, and keys unknown to a store in its restore
+    /// window (see [`Stats::restore_window`]).
     pub recoveries: u64,
     /// `Replay`.
     pub replays: u64,
@@ -94,4 +95,15 @@ pub struct Stats {
     /// Memory the partitions' filters take, outside the budget: about 2 bytes a completed
     /// record, and the open partition's filter whole (the embedded store; 0 elsewhere).
     pub filter_bytes: u64,
+    /// The restore this store was rebuilt by (a [`Store::backup`](crate::Store::backup) copy
+    /// opened, or [`Store::restore`](crate::Store::restore) from a replica): when it first
+    /// opened, what it may lack, the last frame it holds, and when its restore window ends.
+    /// Until then, with [`Guarantee::MayLag`](crate::Guarantee), unknown keys answer
+    /// `Recovered` ([`Recovery::Restored`](crate::Recovery::Restored)). `None` for a store
+    /// never restored (and on PostgreSQL). Not to be confused with [`Stats::restores`], the
+    /// in-place recoveries.
+    pub restore_window: Option<crate::model::restore::RestoreWindow>,
+    /// Log shipping to a replica (`Builder::ship`): its state and how far the replica is
+    /// behind; `None` when the store does not ship.
+    pub shipping: Option<crate::model::replica::ShippingStats>,
 }

@@ -15,7 +15,7 @@ use super::schema::IN_PROGRESS;
 use super::store::PgStore;
 use super::tx::PgTx;
 use crate::error::{ClaimError, CommitError, StaleClaim, StaleReason, StoreError};
-use crate::model::claim::{Extension, Grant, Phase, check_holder};
+use crate::model::claim::{Extension, Grant, Phase, Recovery, check_holder};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
@@ -65,6 +65,9 @@ impl PgClaim {
             fence,
             origin_fence,
             attempt,
+            // The statement takes a lease over only once it expired; a database is never
+            // restored from a copy that may lag, so a first attempt is never a recovery.
+            recovery: (attempt > 1).then_some(Recovery::LeaseExpired),
             lease_until: timestamp(lease_until),
             claimed_at: timestamp(claimed_at),
             checkpoint: row.try_get("checkpoint").map_err(read)?,

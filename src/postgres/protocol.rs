@@ -10,6 +10,7 @@ use super::store::PgStore;
 use crate::error::{ClaimError, CommitError, StoreError};
 use crate::model::backoff::Doubling;
 use crate::model::begin::Begin;
+use crate::model::claim::Recovery;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
@@ -128,6 +129,11 @@ impl ProtocolClaim for PgClaim {
 
     fn last_checkpoint(&self) -> Option<&[u8]> {
         self.holding.last_checkpoint()
+    }
+
+    /// A take-over's: PostgreSQL is never restored from a copy that may lag.
+    fn recovery(&self) -> Option<Recovery> {
+        self.holding.recovery()
     }
 
     fn downstream_key(&self) -> String {

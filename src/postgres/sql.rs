@@ -106,7 +106,8 @@ impl Sql {
 /// One statement decides and writes, for every scope in it. A conflict updates only when the
 /// scope may be claimed: an expired lease of the same request (a take-over: attempt + 1, the
 /// checkpoint and first claim kept), or a completed record or tombstone past its time (gone: a
-/// fresh claim). Anything else updates nothing and returns no row for that scope; its caller
+/// fresh claim). A fresh claim's origin is 0: its downstream key derives from the request
+/// (`Scope::downstream_key`); a row an earlier build claimed keeps its first fence as origin. Anything else updates nothing and returns no row for that scope; its caller
 /// then reads the record to answer without writing.
 ///
 /// The scopes come as arrays, so one statement (one round trip, one WAL flush) claims a whole
@@ -118,7 +119,7 @@ fn claim(names: &Names) -> String {
     format!(
         "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
              origin_fence, attempt, created_ms, lease_until_ms)
-         SELECT q.tenant, q.operation, q.key, q.fingerprint, {IN_PROGRESS}, q.fence, q.fence, 1,
+         SELECT q.tenant, q.operation, q.key, q.fingerprint, {IN_PROGRESS}, q.fence, 0, 1,
                 t.now, t.now + $5::bigint
          FROM (SELECT {now6} AS now) AS t,
               (SELECT u.tenant, u.operation, u.key, u.fingerprint, nextval('{fences}') AS fence

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::keep_alive::{KeepAlive, Renew};
 use crate::error::{ClaimError, StaleClaim, StaleReason};
-use crate::model::claim::Grant;
+use crate::model::claim::{Grant, Recovery};
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::MAX_LEASE;
@@ -63,10 +63,16 @@ impl Holding {
         self.grant.checkpoint.as_deref()
     }
 
-    /// The same for every attempt of the operation: derived from the scope and the first
-    /// attempt's fence.
+    /// Why the claim is a recovery; `None` for a plain first attempt.
+    pub(crate) fn recovery(&self) -> Option<Recovery> {
+        self.grant.recovery
+    }
+
+    /// The same for every attempt of the operation, on this store or one restored from it:
+    /// derived from the scope and the request (see `Scope::downstream_key`).
     pub(crate) fn downstream_key(&self) -> String {
-        self.scope.downstream_key(self.grant.origin_fence)
+        self.scope
+            .downstream_key(&self.fingerprint, self.grant.origin_fence)
     }
 
     /// The backend moved the end of the lease to `until`.
@@ -128,6 +134,7 @@ impl Holding {
             .field("scope", &self.scope)
             .field("fence", &self.grant.fence)
             .field("attempt", &self.grant.attempt)
+            .field("recovery", &self.grant.recovery)
             .field("lease_until", &self.grant.lease_until)
             .finish()
     }

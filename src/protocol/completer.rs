@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use crate::error::{BoxError, StoreError};
 use crate::model::backoff::Doubling;
 use crate::model::begin::Begin;
+use crate::model::claim::Recovery;
 use crate::model::scope::Scope;
 use crate::protocol::{Protocol, ProtocolClaim};
 
@@ -212,10 +213,13 @@ impl<P: Protocol> Completer<P> {
                 continue;
             }
             let claim = match self.store.begin(&work.scope, work.fingerprint).await {
-                Ok(Begin::Recovered(claim)) => claim,
+                Ok(Begin::Recovered(claim)) if claim.recovery() == Some(Recovery::LeaseExpired) => {
+                    claim
+                }
                 // Released or evicted since it was listed: there is nothing to complete, and
-                // this fresh claim must not hold the key.
-                Ok(Begin::Claimed(claim)) => {
+                // this fresh claim must not hold the key (in a restore window it is a
+                // recovery, but of a request nobody is waiting for here).
+                Ok(Begin::Claimed(claim) | Begin::Recovered(claim)) => {
                     if let Err(e) = claim.release().await {
                         tracing::warn!(error = %e, "could not release a key the completer claimed by mistake");
                     }

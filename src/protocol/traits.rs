@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::keep_alive::KeepAlive;
 use crate::error::{ClaimError, CommitError, StoreError};
 use crate::model::begin::Begin;
+use crate::model::claim::Recovery;
 use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::Limits;
@@ -75,7 +76,11 @@ pub trait ProtocolClaim: fmt::Debug + Send + Sync + Sized + 'static {
     fn lease_until(&self) -> Timestamp;
     /// The latest checkpoint stored for the scope: the previous attempt's when recovered.
     fn last_checkpoint(&self) -> Option<&[u8]>;
-    /// A key for downstream calls, the same for every attempt of this operation.
+    /// Why the claim is a recovery (from `Begin::Recovered`): a take-over of an expired
+    /// lease, or a key a recently restored store has no record of. `None` for a fresh claim.
+    fn recovery(&self) -> Option<Recovery>;
+    /// A key for downstream calls, derived from the scope and the request: the same for every
+    /// attempt of this operation, on any backend, and on a store restored from a copy.
     fn downstream_key(&self) -> String;
     /// Renews the lease in the background until dropped or the claim is finished.
     fn keep_alive(&self) -> KeepAlive;

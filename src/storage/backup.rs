@@ -79,6 +79,11 @@ impl BackupDir {
         })
     }
 
+    /// The directory being built (renamed to the destination by [`BackupDir::place`]).
+    pub(crate) fn path(&self) -> &Path {
+        &self.building
+    }
+
     /// The copy's database: a new file (`0600`, which redb initializes), opened with a page
     /// cache of `cache_bytes`.
     pub(crate) fn database(&self, cache_bytes: usize) -> Result<Database, BackupError> {

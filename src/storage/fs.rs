@@ -51,7 +51,7 @@ pub(crate) enum Created {
     No,
 }
 
-pub(super) fn parent_of(path: &Path) -> &Path {
+pub(crate) fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),

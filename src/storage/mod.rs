@@ -33,6 +33,7 @@ pub(crate) use backup::{BackupDir, check_backup_destination};
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
+pub(crate) use fs::{create_private, create_private_dir, parent_of, sync_dir};
 use lock::{DirLock, LOCK_FILE};
 #[cfg(feature = "cli")]
 pub(crate) use lock::{SharedLock, SharedLockError};

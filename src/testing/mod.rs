@@ -16,6 +16,7 @@ pub mod outbox_conformance;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod record_decode;
+mod replica;
 #[cfg(feature = "tokio")]
 pub mod wait;
 mod workload;
@@ -27,6 +28,7 @@ pub use crash::{
 pub use damage::damage;
 pub use log_decode::{build_segment, check_log_decode};
 pub use record_decode::{check_record_decode, sample_records};
+pub use replica::{MemoryReplica, ReplicaFault};
 pub use workload::{Rng, workload};
 
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against

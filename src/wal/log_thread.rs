@@ -33,6 +33,10 @@ use crate::error::StoreError;
 
 use super::format::FRAME_HEADER_LEN;
 use super::log::{AppendError, Log};
+use super::ship::{NotShipped, ShippedFrame, Shipper};
+
+/// What a store does after its replica failed to acknowledge a synchronous frame.
+const SHIP_RECOVERY: &str = "The store refuses writes until the replica answers and holds the frame, then recovers in place; retry after that";
 
 /// One group, handed from the writer to the log.
 pub(crate) struct Submission<T> {
@@ -115,6 +119,8 @@ struct Core<T> {
     /// Payload bytes after which the thread stops adding groups to a frame (the memory
     /// budget's share; a single group larger than it is a frame of its own).
     frame_bytes: u64,
+    /// Where every synced frame goes next, if the log is shipped.
+    shipper: Option<Arc<Shipper>>,
 }
 
 pub(crate) struct LogThread<T> {
@@ -132,6 +138,7 @@ impl<T: Send + 'static> LogThread<T> {
         on_durable: OnDurable<T>,
         written: Arc<AtomicU64>,
         frame_bytes: u64,
+        shipper: Option<Arc<Shipper>>,
     ) -> std::io::Result<LogThread<T>> {
         let core = Arc::new(Core {
             state: Mutex::new(State {
@@ -147,6 +154,7 @@ impl<T: Send + 'static> LogThread<T> {
             settled: Condvar::new(),
             on_durable,
             frame_bytes,
+            shipper,
         });
         let (sender, receiver) = channel();
         let worker = core.clone();
@@ -362,6 +370,27 @@ fn write<T>(
     let written = (frame.len() + FRAME_HEADER_LEN) as u64;
     core.written.fetch_add(written, Ordering::Relaxed);
     core.since_checkpoint.fetch_add(written, Ordering::Relaxed);
+    if let Some(shipper) = &core.shipper {
+        let payload = Arc::new(frame);
+        let shipped = shipper.frame(ShippedFrame {
+            seq,
+            payload: payload.clone(),
+        });
+        if let Err(NotShipped(error)) = shipped {
+            // Synced here, not acknowledged there: not durable as a synchronous store means
+            // it. Handled as a failed sync (the store restores in place from this copy, once
+            // the replica has it), so nothing of it is seen before the replica holds it.
+            return Err((
+                StoreError::unknown_in(
+                    "the frame was synced locally, but the replica did not acknowledge it",
+                    &error,
+                    SHIP_RECOVERY,
+                ),
+                FailedOutcome::Unknown,
+                Some(Unsynced { seq, payload }),
+            ));
+        }
+    }
     Ok(Some(seq))
 }
 

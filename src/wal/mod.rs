@@ -19,9 +19,10 @@ pub(crate) mod listing;
 mod log;
 mod log_thread;
 mod recovery;
+pub(crate) mod ship;
 
 pub(crate) use self::format::{Payload, PayloadOp, decode_frame};
-pub(crate) use self::log::{Log, LogStart};
+pub(crate) use self::log::{Log, LogStart, segment_name};
 pub(crate) use self::log_thread::{
     FailedOutcome, Handoff, LogFailure, LogThread, Submission, Unsynced,
 };

@@ -316,7 +316,10 @@ fn a_backup_carries_the_outbox_messages_pending() -> TestResult {
     let clock = common::clock();
     let store = common::builder(&clock).open(tmp.path().join("idem"))?;
     let publish = |store: &Store, key: &str| -> TestResult {
-        let Begin::Claimed(claim) = store.begin(&scope(key), fp(key))? else {
+        // The copy is a restore: a new key there is a recovery, claimed all the same.
+        let (Begin::Claimed(claim) | Begin::Recovered(claim)) =
+            store.begin(&scope(key), fp(key))?
+        else {
             return Err("a new key is claimed".into());
         };
         let row = key.to_owned();
@@ -358,8 +361,9 @@ fn child_writes_to_a_restored_copy_and_exits() -> TestResult {
     };
     let store = restored_builder().open(&dir)?;
     for key in ["after-1", "after-2", "after-3"] {
-        let Begin::Claimed(claim) = store.begin(&scope(key), fp(key))? else {
-            return Err("a new key is claimed".into());
+        // In the copy's restore window: claimed, as a recovery.
+        let Begin::Recovered(claim) = store.begin(&scope(key), fp(key))? else {
+            return Err("a new key in a restored copy is a recovery".into());
         };
         let row = key.to_owned();
         claim.commit(move |tx| {

@@ -212,6 +212,15 @@ fn takes_new_writes(format: u64) -> Result<(), Box<dyn std::error::Error>> {
         panic!("the running claim's lease has ended");
     };
     assert_eq!(claim.last_checkpoint(), Some(&b"step-2"[..]));
+    assert_eq!(claim.recovery(), Some(idemstore::Recovery::LeaseExpired));
+    // Begun by an earlier build, whose downstream keys came from the first attempt's fence
+    // (5): the take-over keeps the key that attempt passed downstream, as the earlier build's
+    // own take-over gave it.
+    assert_eq!(
+        claim.downstream_key(),
+        "7923847df6a7f4711f3e3fa435c2141d",
+        "format {format}"
+    );
     claim.commit(|_| Ok(Response::new(200, b"recovered".to_vec())))?;
     drop(store);
 

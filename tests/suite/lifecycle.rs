@@ -212,11 +212,14 @@ fn released_key_is_claimed_again_with_a_new_fence() -> TestResult {
     let second = claim(&store, "k", "req")?;
     assert!(second.fence() > first_fence, "fences never repeat");
     assert_eq!(second.attempt(), 1);
-    assert_ne!(
+    assert_eq!(
         second.downstream_key(),
         first_downstream,
-        "a release starts a new operation"
+        "the downstream key names the request, which a release does not change"
     );
+    second.release()?;
+    let other = claim(&store, "k", "another request")?;
+    assert_ne!(other.downstream_key(), first_downstream, "another request");
     Ok(())
 }
 

@@ -88,6 +88,9 @@ mod race;
 #[cfg(all(feature = "testing", feature = "tokio"))]
 mod relay_outage;
 mod reopen;
+#[cfg(feature = "nats")]
+mod replica_jetstream;
+mod restore_window;
 #[cfg(feature = "testing")]
 mod retention;
 #[cfg(feature = "testing")]
@@ -96,6 +99,8 @@ mod second_fault;
 mod service_slow_clients;
 #[cfg(all(unix, feature = "http"))]
 mod service_stop;
+#[cfg(feature = "testing")]
+mod shipping;
 mod stats;
 mod ttl;
 mod two_processes;

@@ -853,3 +853,39 @@ async fn a_sink_error_with_a_nul_byte_is_dead_lettered_all_the_same() -> TestRes
     assert_eq!(store.stats().await?.outbox_pending, 0);
     Ok(())
 }
+
+/// A row an earlier build claimed carries its first attempt's fence as its origin, and its
+/// downstream key came from that fence: a take-over after the upgrade keeps that key (the one
+/// the earlier build gave, as the local store's format fixture shows for the same scope and
+/// origin), while a claim this build makes derives its key from the request.
+#[tokio::test]
+async fn a_take_over_of_a_row_an_earlier_build_claimed_keeps_its_fenced_key() -> TestResult {
+    let prefix = Prefix::new("origin");
+    let clock = clock();
+    let store = prefix.open(&clock).await?;
+    // Fences past 5 first, so that the take-over's fence is above the old origin.
+    for i in 0..5 {
+        claimed(store.begin(&scope(&format!("warm-{i}")), fp("w")).await?)?
+            .release()
+            .await?;
+    }
+    let running = Scope::new("acct_2", "charge", "k-running")?;
+    let first = claimed(store.begin(&running, fp("req-running")).await?)?;
+    let request_key = first.downstream_key();
+    drop(first);
+    sqlx::query(AssertSqlSafe(format!(
+        "UPDATE {} SET origin_fence = 5 WHERE key = 'k-running'",
+        prefix.table("records")
+    )))
+    .execute(store.pool())
+    .await?;
+    clock.advance(store.limits().lease);
+    let Begin::Recovered(taken) = store.begin(&running, fp("req-running")).await? else {
+        return Err("an expired lease is taken over".into());
+    };
+    assert_eq!(taken.downstream_key(), "7923847df6a7f4711f3e3fa435c2141d");
+    assert_ne!(taken.downstream_key(), request_key);
+    assert_eq!(taken.recovery(), Some(idemstore::Recovery::LeaseExpired));
+    taken.release().await?;
+    Ok(())
+}

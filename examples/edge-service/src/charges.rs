@@ -104,12 +104,13 @@ pub(crate) async fn charge<P: Protocol>(
             return Err(problem(StatusCode::BAD_REQUEST, "invalid-charge", &why));
         }
     };
-    if idem.attempt() > 1 {
+    if let Some(why) = idem.recovery() {
         tracing::info!(
             key = idem.scope().key(),
             attempt = idem.attempt(),
+            %why,
             checkpoint = ?idem.last_checkpoint().map(|c| String::from_utf8_lossy(&c).into_owned()),
-            "recovering a request whose previous attempt did not finish"
+            "recovering a request an earlier attempt may have run"
         );
     }
     // The processor deduplicates on this key, the same for every attempt: a recovery that asks

@@ -21,6 +21,7 @@
 //! | `--complete-every-ms` | `EDGE_COMPLETE_EVERY_MS` | `10000` (how often abandoned charges are completed) |
 //! | `--log-segment-kb` | `EDGE_LOG_SEGMENT_KB` | `8192` (the store's log segment size) |
 //! | `--nats` | `EDGE_NATS` | none: `charges.created` events stay in the outbox (see `/stats`); with a URL (feature `nats`), a relay publishes them to the JetStream stream `CHARGES` (on either backend; over PostgreSQL every instance runs one and one at a time delivers) (`EDGE_NATS_STREAM` renames it; `EDGE_NATS_SUBJECT_PREFIX` prefixes the subjects sent) |
+//! | `--ship` | `EDGE_SHIP` | none; with a NATS URL (feature `nats`), the store's log is shipped to JetStream (`EDGE_SHIP_STREAM`, default `edge_service`; `EDGE_SHIP_MODE`: `async`, `sync`, `sync-fallback`); with `--restore` / `EDGE_RESTORE=1` and no store yet, it is first rebuilt from the stream (see `ship`) |
 //! | `--memory` | `EDGE_MEMORY_MB` | `64` (the store's memory budget, MiB: `Builder::memory_budget`) |
 //! | `--processor-ledger` | `EDGE_PROCESSOR_LEDGER` | `<data>/processor-ledger.jsonl` (the simulated processor's side effects; a real processor keeps them elsewhere) |
 //! | `--backend` | `EDGE_BACKEND` | `local` (the embedded store in `<data>`); `postgres` (feature `postgres`) keeps claims, charges and responses in PostgreSQL, shared by every instance |
@@ -309,6 +310,10 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(clock) = &hooks.manual_clock {
         builder = builder.clock(clock.clone());
     }
+    #[cfg(feature = "nats")]
+    {
+        builder = ship(builder, &args, &data.join("edge_service"))?;
+    }
     let store = builder.open(data.join("edge_service"))?;
     let replayed = store.recovery_report().frames_replayed;
     let app = App {
@@ -349,6 +354,50 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("stopped");
     Ok(())
+}
+
+/// With `--ship URL` (feature `nats`), the store's log is shipped to the JetStream stream
+/// named `--ship-stream` (`EDGE_SHIP_STREAM`, default `edge_service`), in `--ship-mode`
+/// (`EDGE_SHIP_MODE`): `async` (the default), `sync` (refuse writes while NATS is away) or
+/// `sync-fallback`. With `--restore` (`EDGE_RESTORE=1`) and no store in the data directory
+/// yet, the store is first rebuilt from that stream, taking it over: how a new box replaces a
+/// lost one.
+#[cfg(feature = "nats")]
+fn ship(
+    builder: idemstore::Builder,
+    args: &[String],
+    dir: &std::path::Path,
+) -> Result<idemstore::Builder, Box<dyn std::error::Error>> {
+    use idemstore::{Shipping, Takeover, Unreachable};
+    let url = setting(args, "--ship", "EDGE_SHIP", "");
+    if url.is_empty() {
+        return Ok(builder);
+    }
+    let name = setting(args, "--ship-stream", "EDGE_SHIP_STREAM", "edge_service");
+    let mode = match setting(args, "--ship-mode", "EDGE_SHIP_MODE", "async").as_str() {
+        "async" => Shipping::Async,
+        "sync" => Shipping::Sync(Unreachable::Refuse),
+        "sync-fallback" => Shipping::Sync(Unreachable::FallBack),
+        other => {
+            return Err(format!(
+                "--ship-mode / EDGE_SHIP_MODE: `{other}` is not a mode (async, sync, sync-fallback)"
+            )
+            .into());
+        }
+    };
+    let replica = idemstore::replica::JetStream::connect(&url, &name)?;
+    let restore = args.iter().any(|a| a == "--restore")
+        || std::env::var("EDGE_RESTORE").is_ok_and(|v| v == "1");
+    if restore && !dir.exists() {
+        let restored = Store::restore(&replica, dir, Takeover::Yes)?;
+        println!(
+            "restored {} from stream {name} up to frame {} ({} frames replayed at open)",
+            dir.display(),
+            restored.last_frame,
+            restored.frames
+        );
+    }
+    Ok(builder.ship(replica, mode))
 }
 
 /// With `--nats URL`, a relay that publishes the outbox's `charges.created` events to the

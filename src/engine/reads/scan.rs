@@ -139,6 +139,8 @@ impl Engine {
             redb_cache_bytes: self.shared.config.memory().redb_cache,
             partitions: self.shared.partitions.all().partitions().len() as u64,
             filter_bytes: self.shared.partitions.filter_bytes() as u64,
+            restore_window: self.shared.config.restore.restored(),
+            shipping: self.shared.shipper.as_ref().map(|s| s.stats()),
             ..Stats::default()
         };
         c.fill(&mut stats);

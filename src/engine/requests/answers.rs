@@ -1,7 +1,7 @@
 //! What the writer answers a facade with: the claim it granted, and why it refused.
 
 use crate::error::{BoxError, ResponseError, StaleReason, StoreError};
-use crate::model::claim::Grant;
+use crate::model::claim::{Grant, Recovery};
 use crate::model::clock::Timestamp;
 use crate::model::record::{Record, RecordState};
 
@@ -18,7 +18,12 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub(super) fn of(record: &Record, claimed_at: Timestamp, hold: HoldToken) -> Self {
+    pub(super) fn of(
+        record: &Record,
+        claimed_at: Timestamp,
+        recovery: Option<Recovery>,
+        hold: HoldToken,
+    ) -> Self {
         let RecordState::InProgress {
             lease_until,
             checkpoint,
@@ -30,6 +35,7 @@ impl Held {
             fence: record.fence,
             origin_fence: record.origin_fence,
             attempt: record.attempt,
+            recovery,
             lease_until: *lease_until,
             claimed_at,
             checkpoint: checkpoint.clone(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::error::{ExecuteError, StoreError};
 use crate::model::begin::Begin;
-use crate::model::claim::Extension;
+use crate::model::claim::{Extension, Recovery};
 use crate::model::clock::Timestamp;
 use crate::model::decision::{self, Decision};
 use crate::model::fingerprint::Fingerprint;
@@ -48,6 +48,7 @@ pub(crate) fn begin(
     let held = Held::of(
         &granted.record,
         ctx.now,
+        granted.kind.recovery(),
         HoldToken::new(ctx.watchers, scope.encode()),
     );
     (Keep::Writes, Ok(granted.kind.answer(held)))
@@ -68,7 +69,7 @@ pub(crate) fn execute(
         Ok(Err(answer)) => return (Keep::Nothing, Ok(answer)),
         Err(e) => return (Keep::Nothing, Err(e.into())),
     };
-    tx.allow_publish(scope, granted.record.origin_fence);
+    tx.allow_publish(scope, &granted.record);
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(UserFailure::Aborted(e)) => return (Keep::Nothing, Err(ExecuteError::Aborted(e))),
@@ -95,18 +96,38 @@ struct Granted {
     kind: AttemptKind,
 }
 
-/// Whether a granted claim is a first attempt or a recovery.
+/// Whether a granted claim is a first attempt or a recovery, and why.
 #[derive(Debug, Clone, Copy)]
 enum AttemptKind {
     First,
     TakeOver,
+    /// A first attempt here, in a restore window: the old store may have run it.
+    Restored,
 }
 
 impl AttemptKind {
-    fn answer<C>(self, claim: C) -> Begin<C> {
+    /// A claim of the scope found absent at `now`: a recovery while a restore that may lack
+    /// acknowledged writes is recent (`model::restore`), else a first attempt.
+    fn of_absent(ctx: &Context<'_>) -> Self {
+        if ctx.config.restore.covers(ctx.now) {
+            AttemptKind::Restored
+        } else {
+            AttemptKind::First
+        }
+    }
+
+    fn recovery(self) -> Option<Recovery> {
         match self {
-            AttemptKind::First => Begin::Claimed(claim),
-            AttemptKind::TakeOver => Begin::Recovered(claim),
+            AttemptKind::First => None,
+            AttemptKind::TakeOver => Some(Recovery::LeaseExpired),
+            AttemptKind::Restored => Some(Recovery::Restored),
+        }
+    }
+
+    fn answer<C>(self, claim: C) -> Begin<C> {
+        match self.recovery() {
+            None => Begin::Claimed(claim),
+            Some(_) => Begin::Recovered(claim),
         }
     }
 }
@@ -130,7 +151,7 @@ fn grant<C>(
         Decision::Claim => {
             let fence = ctx.allocate_fence(tx);
             let record = decision::claimed(fingerprint, fence, ctx.now, ctx.config.lease);
-            (record, AttemptKind::First)
+            (record, AttemptKind::of_absent(ctx))
         }
         Decision::TakeOver(previous) => {
             let fence = ctx.allocate_fence(tx);
@@ -180,7 +201,7 @@ pub(crate) fn commit(
         Ok(held) => held,
         Err(refusal) => return (Keep::Nothing, Err(CommitRefusal::Refused(refusal))),
     };
-    tx.allow_publish(scope, held.record.origin_fence);
+    tx.allow_publish(scope, &held.record);
     let response = match run_user(tx, work) {
         Ok(response) => response,
         Err(failure) => return (Keep::Nothing, Err(CommitRefusal::User(failure))),

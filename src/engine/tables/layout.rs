@@ -52,6 +52,20 @@ pub(crate) const META_FILTER_KEY: &[u8] = b"filter_key";
 /// proves every later one continues the chain. Absent in stores whose last checkpoint predates
 /// it: recovery then reads every segment.
 pub(crate) const META_LOG_SEGMENT: &[u8] = b"log_segment";
+/// Meta key: the last log frame whose writes this commit holds (u64 LE), written by every
+/// epoch's commit in `Wal` mode, synced or not. A snapshot of the file holds every frame up to
+/// the larger of this and `log_checkpoint`, which is what a snapshot shipped to a replica
+/// records. Absent (older stores, or before the first epoch): `log_checkpoint` alone; the
+/// frames replayed at open may be past both, which only makes a restore replay some again.
+pub(crate) const META_LOG_APPLIED: &[u8] = b"log_applied";
+/// Meta key: a restore not yet opened (version 1 ‖ guarantee ‖ last frame u64 LE, 10 bytes),
+/// written into a rebuilt store's file before its first open (`meta::set_restore_pending`).
+/// That open replaces it with [`META_RESTORED`]. Absent in a store that was never restored.
+pub(crate) const META_RESTORE_PENDING: &[u8] = b"restore_pending";
+/// Meta key: the restore the store was last rebuilt by (version 1 ‖ guarantee ‖ last frame
+/// u64 LE ‖ restored_at ms u64 LE, 18 bytes), stamped by its first open: the restore window
+/// runs from `restored_at`, across reopens. Absent: the store was never restored.
+pub(crate) const META_RESTORED: &[u8] = b"restored";
 
 /// The layout of records, tables, meta and log this build writes.
 ///

@@ -12,8 +12,10 @@ use std::ops::{Bound, RangeBounds};
 use redb::{Key, TableDefinition, TableHandle, Value, WriteTransaction};
 
 use crate::error::TxError;
+use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::MAX_REQUEST_BYTES;
 use crate::model::message::{MessageError, Published};
+use crate::model::record::Record;
 use crate::model::scope::Scope;
 
 use super::open_tables::OpenTables;
@@ -79,6 +81,7 @@ pub(crate) struct Outbox {
 #[derive(Debug)]
 struct Publisher {
     scope: Scope,
+    fingerprint: Fingerprint,
     origin_fence: u64,
     id_prefix: Option<String>,
 }
@@ -126,18 +129,21 @@ impl<'g> Tx<'g> {
         let Some(claim) = &mut self.outbox.claim else {
             return Err(MessageError::NotInCommit);
         };
-        let prefix = claim
-            .id_prefix
-            .get_or_insert_with(|| claim.scope.downstream_key(claim.origin_fence));
+        let prefix = claim.id_prefix.get_or_insert_with(|| {
+            claim
+                .scope
+                .downstream_key(&claim.fingerprint, claim.origin_fence)
+        });
         self.outbox.messages.add(prefix, subject, payload.into())
     }
 
     /// Lets the request publish, its messages' ids starting with the downstream key of the
-    /// claim on `scope` first granted with `origin_fence`.
-    pub(crate) fn allow_publish(&mut self, scope: &Scope, origin_fence: u64) {
+    /// claim on `scope` whose record is `held`.
+    pub(crate) fn allow_publish(&mut self, scope: &Scope, held: &Record) {
         self.outbox.claim = Some(Publisher {
             scope: scope.clone(),
-            origin_fence,
+            fingerprint: held.fingerprint,
+            origin_fence: held.origin_fence,
             id_prefix: None,
         });
     }

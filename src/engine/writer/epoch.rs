@@ -1,5 +1,6 @@
 //! An epoch: groups run in one redb transaction until it should end, then published.
 
+use super::ship_gate;
 use super::*;
 use crate::engine::tables::overlay::RecordWrite;
 
@@ -59,6 +60,9 @@ impl Writer {
             return self.answer(group.drain(..), &Err(e));
         }
         if let Err(e) = self.checkpoint_before_appending(group) {
+            return self.answer(group.drain(..), &Err(e));
+        }
+        if let Err(e) = ship_gate::ship_ready(self.shared.shipper.as_ref()) {
             return self.answer(group.drain(..), &Err(e));
         }
         let txn = match self.begin_txn() {

@@ -112,6 +112,7 @@ pub(super) mod job;
 mod mode;
 mod publish;
 pub(super) mod restore;
+mod ship_gate;
 
 use self::epoch::{Epoch, GroupOutcome};
 use self::mode::AfterGroup;

@@ -108,5 +108,6 @@ pub(in crate::engine) fn start_log(shared: &Shared, log: Log) -> std::io::Result
         }),
         shared.counters.log_bytes.clone(),
         shared.config.memory().frame,
+        shared.shipper.clone(),
     )
 }

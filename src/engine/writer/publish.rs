@@ -2,13 +2,17 @@
 
 use super::epoch_end::{EpochEnd, Writes, epoch_end};
 use super::*;
+use crate::engine::tables::meta;
 
 impl Writer {
     /// Makes the epoch visible: waits for the log, commits what is durable (rebuilding or
     /// restoring when the transaction holds what must not be published), then serves the
     /// requests that asked for a publish, a checkpoint or the database to itself.
     pub(super) fn publish(&mut self, txn: WriteTransaction, mut epoch: Epoch) {
-        let failure: Option<LogFailure> = self.mode.log().and_then(|l| l.wait_durable().err());
+        let durable = self.mode.log().map(LogThread::wait_durable);
+        let failure: Option<LogFailure> = durable.as_ref().and_then(|d| d.as_ref().err().cloned());
+        // The last frame every group of a clean epoch is in (see `meta::set_applied`).
+        let applied = durable.and_then(Result::ok);
         // The jobs of the groups that failed, answered once this is over.
         let unanswered: Vec<Box<dyn Job>> = self
             .mode
@@ -38,7 +42,14 @@ impl Writer {
         };
         let end = epoch_end(failure.as_ref().map(|f| (f.outcome, f.first)), writes);
         let published = match end {
-            EpochEnd::Commit => self.commit(txn, &epoch),
+            EpochEnd::Commit => match mark_applied(&txn, &epoch, applied) {
+                Ok(()) => self.commit(txn, &epoch),
+                Err(e) => {
+                    drop(txn);
+                    tracing::warn!(error = %e, "marking an epoch's last frame failed; recovering from the log");
+                    self.restore_for_epoch(Reopen::IfNeeded)
+                }
+            },
             EpochEnd::Restore => {
                 drop(txn);
                 self.restore_for_epoch(Reopen::IfNeeded)
@@ -160,5 +171,18 @@ impl Writer {
             }
         }
         Ok(())
+    }
+}
+
+/// Records in a clean epoch's transaction the last frame it holds, so that a snapshot of the
+/// file knows which frames it has (log shipping's snapshots; see `meta::set_applied`).
+fn mark_applied(
+    txn: &WriteTransaction,
+    epoch: &Epoch,
+    applied: Option<u64>,
+) -> Result<(), redb::Error> {
+    match applied.filter(|_| epoch.changed) {
+        Some(seq) => meta::set_applied(txn, seq),
+        None => Ok(()),
     }
 }

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use redb::Database;
 
+use super::ship_gate;
 use crate::error::{OpenError, RecoveryError, StoreError};
 use crate::wal::{Log, RecoveryReport};
 
@@ -65,6 +66,8 @@ impl Writer {
     /// Requests queued meanwhile wait; readers of records wait only while the file is reopened.
     pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
         let started = Instant::now();
+        // A frame the replica has not acknowledged must not become visible before it does.
+        ship_gate::ship_caught_up(self.shared.shipper.as_ref())?;
         // Joins the log thread; every group it had is settled (answered) by then.
         self.mode.stop_log();
         let CaughtUp {

@@ -1,6 +1,7 @@
 //! Claims: replay, in progress and its advice, mismatch, recovery, fencing, release.
 
 use super::*;
+use crate::model::claim::Recovery;
 
 /// Claims a key, completes it, and replays it: the same status, headers and bytes.
 pub async fn claim_then_replay_byte_for_byte<H: Harness>(harness: &H) -> Result<(), BoxError> {
@@ -183,6 +184,7 @@ pub async fn an_expired_lease_is_recovered_with_its_checkpoint<H: Harness>(
     let backend = harness.open(settings, clock.clone()).await?;
     let key = scope("tenant-a", "order-0004");
     let mut first = claimed(backend.begin(&key, fingerprint("r")).await?, "new")?;
+    assert_eq!(first.recovery(), None, "a first attempt recovers nothing");
     first.checkpoint(b"charged ch_123".to_vec()).await?;
     assert_eq!(first.last_checkpoint(), Some(&b"charged ch_123"[..]));
     let downstream = first.downstream_key();
@@ -204,9 +206,14 @@ pub async fn an_expired_lease_is_recovered_with_its_checkpoint<H: Harness>(
         }
     };
     assert_eq!(second.attempt(), 2);
+    assert_eq!(second.recovery(), Some(Recovery::LeaseExpired));
     assert_ne!(second.fence(), first.fence());
     assert_eq!(second.last_checkpoint(), Some(&b"charged ch_123"[..]));
-    assert_eq!(second.downstream_key(), downstream);
+    assert_eq!(
+        second.downstream_key(),
+        downstream,
+        "a take-over keeps the key"
+    );
     second.complete(Response::new(201, "recovered")).await?;
     drop(first);
     Ok(())
@@ -261,24 +268,102 @@ pub async fn a_stale_holder_is_refused_on_every_operation<H: Harness>(
     Ok(())
 }
 
-/// A released key is new again: the next `begin` claims it as attempt 1 with a new fence.
+/// A released key is new again: the next `begin` claims it as attempt 1 with a new fence. Its
+/// downstream key names the request, so the same request gets the same one again (downstream
+/// deduplicates it against the released attempt), and another request another.
 pub async fn a_released_key_is_claimed_afresh<H: Harness>(harness: &H) -> Result<(), BoxError> {
     let backend = harness.open(Settings::default(), clock()).await?;
     let key = scope("tenant-a", "order-0006");
     let claim = claimed(backend.begin(&key, fingerprint("r")).await?, "new")?;
     let (fence, downstream) = (claim.fence(), claim.downstream_key());
     claim.release().await?;
-    let again = match backend.begin(&key, fingerprint("other request")).await? {
-        Begin::Claimed(claim) => claim,
-        other => {
-            return Err(
-                format!("after a release: expected Claimed, got {}", other.outcome()).into(),
-            );
-        }
-    };
+    let same = fresh(
+        backend.begin(&key, fingerprint("r")).await?,
+        "after a release",
+    )?;
+    assert_eq!((same.attempt(), same.recovery()), (1, None));
+    assert_ne!(same.fence(), fence);
+    assert_eq!(same.downstream_key(), downstream, "the same request");
+    same.release().await?;
+    let again = fresh(
+        backend.begin(&key, fingerprint("other request")).await?,
+        "after a release",
+    )?;
     assert_eq!(again.attempt(), 1);
     assert_ne!(again.fence(), fence);
-    assert_ne!(again.downstream_key(), downstream, "a new operation");
+    assert_ne!(again.downstream_key(), downstream, "another request");
     again.release().await?;
     Ok(())
+}
+
+/// The downstream key names the request on its scope and nothing a backend keeps: two stores
+/// that never shared a record give the same request the same key (as a store restored from a
+/// copy that lacks the request gives the key the old store's attempt passed downstream), a
+/// take-over keeps it, and so does the same request once its record is gone; another request
+/// on the key, or the same request on another key, gets another.
+pub async fn the_downstream_key_names_the_request_not_the_store<H: Harness>(
+    harness: &H,
+) -> Result<(), BoxError> {
+    let settings = Settings::default();
+    let elsewhere = harness.open(settings, clock()).await?;
+    let clock = clock();
+    let backend = harness.open(settings, clock.clone()).await?;
+    let key = scope("tenant-a", "order-0007");
+    // The other store hands out fences of its own first.
+    for i in 0..3 {
+        let warm = scope("tenant-a", &format!("warm-{i}"));
+        claimed(elsewhere.begin(&warm, fingerprint("w")).await?, "warm-up")?
+            .release()
+            .await?;
+    }
+    let first = claimed(backend.begin(&key, fingerprint("r")).await?, "new")?;
+    let downstream = first.downstream_key();
+    let there = claimed(
+        elsewhere.begin(&key, fingerprint("r")).await?,
+        "new elsewhere",
+    )?;
+    assert_ne!(there.fence(), first.fence(), "fences are each store's own");
+    assert_eq!(
+        there.downstream_key(),
+        downstream,
+        "the same request, another store"
+    );
+    let other = claimed(
+        elsewhere
+            .begin(&scope("tenant-a", "order-0008"), fingerprint("r"))
+            .await?,
+        "another key",
+    )?;
+    assert_ne!(other.downstream_key(), downstream, "another key");
+    other.release().await?;
+    there.release().await?;
+    let another = claimed(
+        elsewhere.begin(&key, fingerprint("r2")).await?,
+        "another request",
+    )?;
+    assert_ne!(another.downstream_key(), downstream, "another request");
+    another.release().await?;
+
+    clock.advance(settings.lease);
+    let taken = claimed(backend.begin(&key, fingerprint("r")).await?, "take-over")?;
+    assert_eq!(taken.downstream_key(), downstream, "a take-over");
+    drop(first);
+    taken.complete(Response::new(201, "done")).await?;
+    clock.advance(settings.ttl);
+    let after = fresh(backend.begin(&key, fingerprint("r")).await?, "past the TTL")?;
+    assert_eq!(
+        after.downstream_key(),
+        downstream,
+        "the same request past its TTL"
+    );
+    after.release().await?;
+    Ok(())
+}
+
+/// The claim of a `begin` that must claim afresh.
+fn fresh<C: ProtocolClaim>(begin: Begin<C>, what: &str) -> Result<C, BoxError> {
+    match begin {
+        Begin::Claimed(claim) => Ok(claim),
+        other => Err(format!("{what}: expected Claimed, got {}", other.outcome()).into()),
+    }
 }

@@ -88,9 +88,14 @@ pub async fn begin_answers_what_the_state_machine_decides<H: Harness>(
             assert_eq!(claim.attempt(), written.attempt, "{what}");
             assert_eq!(
                 claim.downstream_key(),
-                key.downstream_key(written.origin_fence),
-                "{what}: the origin fence"
+                key.downstream_key(&request, written.origin_fence),
+                "{what}: the key derives from the request"
             );
+            let recovery = match decided {
+                Decision::TakeOver(_) => Some(crate::model::claim::Recovery::LeaseExpired),
+                _ => None,
+            };
+            assert_eq!(claim.recovery(), recovery, "{what}");
             let RecordState::InProgress {
                 lease_until,
                 checkpoint,

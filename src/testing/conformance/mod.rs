@@ -205,6 +205,7 @@ macro_rules! conformance_suite {
             an_expired_lease_is_recovered_with_its_checkpoint,
             a_stale_holder_is_refused_on_every_operation,
             a_released_key_is_claimed_afresh,
+            the_downstream_key_names_the_request_not_the_store,
             expired_records_are_evicted_in_bounded_passes_and_live_ones_never,
             tombstones_answer_expired_until_they_go,
             begin_or_wait_gets_the_outcome_of_the_holder,

@@ -1,0 +1,201 @@
+//! A standby: a store kept a short tail behind the stream another store ships to, ready to take
+//! over when that store's box is lost.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::{self, Followed, Position};
+use crate::error::RestoreError;
+use crate::model::maintenance::{Restored, Takeover};
+use crate::wal::ship::ReplicaSource;
+
+/// Where a [`Standby`] stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StandbyStatus {
+    /// The frame the standby's snapshot covers.
+    pub snapshot: u64,
+    /// The last frame it holds.
+    pub last_frame: u64,
+    /// Frames after the snapshot: what a take-over replays at its first open.
+    pub tail_frames: u64,
+    /// Times it was built again from a newer snapshot.
+    pub rebases: u64,
+    /// When it last reached the stream's end.
+    pub caught_up_at: Instant,
+    /// The last step's error, if it failed (it is tried again at the next poll).
+    pub last_error: Option<String>,
+}
+
+struct State {
+    position: Position,
+    status: StandbyStatus,
+    stopping: bool,
+}
+
+/// Follows a stream into a store directory that nothing opens meanwhile: the snapshot, then
+/// every `poll` the frames shipped since, appended to its log; when the stream's store sends a
+/// newer snapshot, the standby is built again from it, so the log a take-over replays stays
+/// about as short as the stream's own tail. [`Standby::take_over`] makes it the stream's
+/// writer; open the directory with the application's [`Builder`](crate::Builder) then.
+///
+/// The directory is a restorable store at every moment (each step syncs before it counts), so
+/// a standby process that dies leaves a store that `Store::restore`-style opening accepts; to
+/// follow again, start a new standby in an empty directory.
+pub struct Standby {
+    dir: PathBuf,
+    source: Arc<dyn ReplicaSource + Send + Sync>,
+    state: Arc<(Mutex<State>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Standby {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Standby")
+            .field("dir", &self.dir)
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Standby {
+    /// Restores `source` into `dir` (absent, or an empty directory) without taking the stream
+    /// over, then follows it every `poll` on a thread of its own.
+    ///
+    /// # Errors
+    /// [`RestoreError`] if the first restore fails; nothing is left at `dir`.
+    pub fn follow(
+        source: impl ReplicaSource + Send + Sync + 'static,
+        dir: impl AsRef<Path>,
+        poll: Duration,
+    ) -> Result<Standby, RestoreError> {
+        let dir = dir.as_ref().to_path_buf();
+        let source: Arc<dyn ReplicaSource + Send + Sync> = Arc::new(source);
+        let restored = engine::rebuild(source.as_ref(), &dir, Takeover::No)?;
+        let position = Position {
+            snapshot: restored.snapshot,
+            last: restored.last_frame,
+            guarantee: restored.guarantee,
+            frames: restored.frames,
+        };
+        let status = StandbyStatus {
+            snapshot: position.snapshot,
+            last_frame: position.last,
+            tail_frames: position.frames,
+            rebases: 0,
+            caught_up_at: Instant::now(),
+            last_error: None,
+        };
+        let state = Arc::new((
+            Mutex::new(State {
+                position,
+                status,
+                stopping: false,
+            }),
+            Condvar::new(),
+        ));
+        let thread = {
+            let (source, state, dir) = (source.clone(), state.clone(), dir.clone());
+            std::thread::Builder::new()
+                .name("idemstore-standby".into())
+                .spawn(move || run(source.as_ref(), &dir, &state, poll))
+                .map_err(|source| RestoreError::Io {
+                    path: PathBuf::new(),
+                    source,
+                })?
+        };
+        Ok(Standby {
+            dir,
+            source,
+            state,
+            thread: Some(thread),
+        })
+    }
+
+    /// Where the standby stands now.
+    pub fn status(&self) -> StandbyStatus {
+        self.state.0.lock().status.clone()
+    }
+
+    /// Stops following, takes in the frames shipped since the last poll, and makes the
+    /// standby the stream's writer (the old one is fenced off from then on). Open the
+    /// directory with the application's `Builder` (and `Builder::ship` to the same stream)
+    /// next: its first open replays the tail.
+    ///
+    /// # Errors
+    /// [`RestoreError`]: the stream could not be read, or it moved on while the take-over ran
+    /// (the old store still ships: stop it, then take over again).
+    pub fn take_over(mut self) -> Result<Restored, RestoreError> {
+        let started = Instant::now();
+        self.stop();
+        let mut position = self.state.0.lock().position;
+        engine::follow(self.source.as_ref(), &self.dir, &mut position)?;
+        engine::finish(
+            self.source.as_ref(),
+            &self.dir,
+            position,
+            Takeover::Yes,
+            started,
+        )
+    }
+
+    fn stop(&mut self) {
+        self.state.0.lock().stopping = true;
+        self.state.1.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Standby {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Follows the stream every `poll` until stopped.
+fn run(
+    source: &(dyn ReplicaSource + Send + Sync),
+    dir: &Path,
+    state: &(Mutex<State>, Condvar),
+    poll: Duration,
+) {
+    loop {
+        let mut position = {
+            let mut guard = state.0.lock();
+            let deadline = Instant::now() + poll;
+            while !guard.stopping && Instant::now() < deadline {
+                state.1.wait_until(&mut guard, deadline);
+            }
+            if guard.stopping {
+                return;
+            }
+            guard.position
+        };
+        let stepped = engine::follow(source, dir, &mut position);
+        let mut guard = state.0.lock();
+        match stepped {
+            Ok(followed) => {
+                guard.position = position;
+                let status = &mut guard.status;
+                status.snapshot = position.snapshot;
+                status.last_frame = position.last;
+                status.tail_frames = position.frames;
+                status.caught_up_at = Instant::now();
+                status.last_error = None;
+                if followed == Followed::Rebased {
+                    status.rebases += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the standby could not follow the stream; trying again");
+                guard.status.last_error = Some(e.to_string());
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Shipping the log to a replica: the shipper started with the engine, the snapshots it asks
+//! for, and the checks a synchronous store makes before it writes.
+//!
+//! The shipper itself (`wal::ship`) knows frames, not tables: the engine gives it the frames
+//! (through the log thread) and a way to make snapshots. A snapshot is a logical copy of a
+//! redb read snapshot, exactly as [`Engine::backup`] makes one, tagged with the last frame it
+//! holds (`meta::applied`); it needs nothing from the writer, so a snapshot can be made while
+//! the writer waits for the replica.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use redb::ReadableDatabase;
+
+use super::Engine;
+use crate::engine::tables::meta;
+use crate::error::{BackupError, OpenError, StoreError};
+use crate::model::replica::{Shipping, Unreachable, WriterIdentity};
+use crate::storage::{DB_FILE, Storage};
+use crate::wal::ship::{ShipOptions, ShipSettings, Shipper};
+
+/// Where a store makes the snapshots it ships (removed after each).
+const SNAPSHOT_DIR: &str = "ship-snapshot";
+/// The wait after a failed call to the replica, doubling up to the second.
+const BACKOFF: (std::time::Duration, std::time::Duration) = (
+    std::time::Duration::from_millis(100),
+    std::time::Duration::from_secs(5),
+);
+
+/// Starts the shipper of a store whose log's last durable frame is `durable`; `None` without
+/// shipping.
+pub(super) fn start(
+    options: Option<ShipOptions>,
+    storage: &Storage,
+    queue_bytes: u64,
+    durable: u64,
+) -> Result<Option<Arc<Shipper>>, OpenError> {
+    let Some(options) = options else {
+        return Ok(None);
+    };
+    let dir = storage
+        .db_path()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let settings = ShipSettings {
+        mode: options.mode,
+        me: WriterIdentity::this_process(&dir),
+        queue_bytes,
+        ack_timeout: options.ack_timeout,
+        open_timeout: options.open_timeout,
+        snapshot_bytes: options.snapshot_bytes,
+        snapshot_dir: dir.join(SNAPSHOT_DIR),
+        backoff: BACKOFF,
+    };
+    let shipper = Shipper::start(options.replica, settings, durable).map_err(OpenError::Thread)?;
+    Ok(Some(Arc::new(shipper)))
+}
+
+impl Engine {
+    /// Hands the shipper its way to make snapshots, and, for a synchronous store that refuses
+    /// while the replica is away, waits until the replica holds every frame: nothing this
+    /// open replayed may be read before the replica has it.
+    pub(super) fn start_shipping(self: &Arc<Self>) -> Result<(), OpenError> {
+        let Some(shipper) = &self.shared.shipper else {
+            return Ok(());
+        };
+        let engine = Arc::downgrade(self);
+        shipper.set_snapshot_maker(Box::new(move |dir: &Path| {
+            let engine = engine.upgrade().ok_or("the store is closing")?;
+            engine.ship_snapshot(dir).map_err(|e| e.to_string())
+        }));
+        if shipper.mode() == Shipping::Sync(Unreachable::Refuse) {
+            shipper
+                .wait_caught_up(shipper.open_timeout())
+                .map_err(|source| OpenError::Replica { source })?;
+        }
+        Ok(())
+    }
+
+    /// A snapshot for the replica, made in the new directory `dir`: the database file and
+    /// the last frame it holds.
+    fn ship_snapshot(&self, dir: &Path) -> Result<(PathBuf, u64), BackupError> {
+        let snapshot = self
+            .shared
+            .db
+            .read(&self.shared.poison)?
+            .begin_read()
+            .map_err(StoreError::from)?;
+        let applied = meta::applied(&snapshot).map_err(StoreError::from)?;
+        self.copy_snapshot(snapshot, dir, Instant::now())?;
+        Ok((dir.join(DB_FILE), applied))
+    }
+}

@@ -1,0 +1,484 @@
+//! Log shipping against a replica in memory whose faults the tests choose: every acknowledged
+//! pair survives the loss of the box in both modes; a synchronous store refuses (or falls back)
+//! while the replica is away and never shows a frame the replica lacks; an outage longer than
+//! the queue is healed by a snapshot; snapshots trim the stream; one writer per stream.
+//! `tests/suite/box_loss.rs` plays the same with real processes and a real NATS.
+
+use crate::common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
+use idemstore::testing::{MemoryReplica, ReplicaFault};
+use idemstore::{
+    Begin, ManualClock, OpenError, Response, ShipState, Shipping, Store, StoreError, Takeover,
+    Unreachable,
+};
+
+/// How long a test waits for shipping to reach a state.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Claims `key` and commits it with one order row.
+fn pair(store: &Store, key: &str) -> Result<(), Box<dyn std::error::Error>> {
+    pair_with(store, key, b"ok")
+}
+
+fn pair_with(store: &Store, key: &str, body: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
+    match store.begin(&scope(key), fp(key))? {
+        // A store restored from an asynchronous stream answers unknown keys as recoveries for
+        // a while (`restore_window.rs`); for these tests either is a claim to do the work.
+        Begin::Claimed(claim) | Begin::Recovered(claim) => {
+            let body = body.to_vec();
+            let key = key.to_owned();
+            claim.commit(move |tx| {
+                tx.insert(&ORDERS, key.as_str(), "order")?;
+                Ok(Response::new(201, body))
+            })?;
+            Ok(())
+        }
+        other => Err(format!("{key}: expected a claim, got {other:?}").into()),
+    }
+}
+
+/// Polls until `check` holds, for at most [`PATIENCE`].
+fn until(what: &str, mut check: impl FnMut() -> bool) -> TestResult {
+    let started = Instant::now();
+    while !check() {
+        if started.elapsed() > PATIENCE {
+            return Err(format!("waited {PATIENCE:?} for {what}").into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+fn state(store: &Store) -> Option<ShipState> {
+    store.stats().ok()?.shipping.map(|s| s.state)
+}
+
+/// Everything synced locally is acknowledged.
+fn caught_up(store: &Store) -> bool {
+    store
+        .stats()
+        .ok()
+        .and_then(|s| s.shipping)
+        .is_some_and(|s| {
+            s.state == ShipState::Shipping
+                && s.shipped_frame >= s.durable_frame
+                && s.lag_frames == 0
+        })
+}
+
+fn shipping(clock: &ManualClock, replica: &MemoryReplica, mode: Shipping) -> idemstore::Builder {
+    builder(clock).ship(replica.handle(), mode)
+}
+
+/// The box is lost: no clean close, no release of the stream.
+fn lose(store: Store) {
+    std::mem::forget(store);
+}
+
+/// Restores `replica` into `dir` (taking the stream over) and opens it without shipping.
+fn restore(
+    replica: &MemoryReplica,
+    dir: &Path,
+    clock: &ManualClock,
+) -> Result<Store, Box<dyn std::error::Error>> {
+    Store::restore(&replica.handle(), dir, Takeover::Yes)?;
+    Ok(builder(clock).open(dir)?)
+}
+
+/// Every key replays, with one order row each.
+fn all_replay(store: &Store, keys: &[String]) -> TestResult {
+    for key in keys {
+        match store.begin(&scope(key), fp(key))? {
+            Begin::Replay(response) => assert_eq!(response.status(), 201, "{key}"),
+            other => return Err(format!("{key}: expected a replay, got {other:?}").into()),
+        }
+    }
+    assert_eq!(order_count(store)?, keys.len() as u64);
+    Ok(())
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+#[test]
+fn async_shipping_restores_every_acknowledged_pair_after_the_box_is_lost() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let store = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("old"))?;
+    let keys = keys("a", 200);
+    for key in &keys {
+        pair(&store, key)?;
+    }
+    until("the replica to hold every frame", || caught_up(&store))?;
+    let durable = store
+        .stats()?
+        .shipping
+        .ok_or("no shipping stats")?
+        .durable_frame;
+    lose(store);
+
+    let restored = Store::restore(&replica.handle(), dir.path().join("new"), Takeover::Yes)?;
+    assert_eq!(restored.last_frame, durable);
+    assert!(restored.took_over);
+    let store = builder(&clock).open(dir.path().join("new"))?;
+    all_replay(&store, &keys)
+}
+
+#[test]
+fn a_synchronous_store_refuses_writes_while_the_replica_is_down_and_resumes_after() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .ship_timeouts(Duration::from_millis(500), Duration::from_secs(10))
+        .open(dir.path().join("s"))?;
+    pair(&store, "before")?;
+    assert!(
+        caught_up(&store),
+        "a synchronous pair is shipped when it is answered"
+    );
+    let rows = order_count(&store)?;
+
+    replica.set_fault(ReplicaFault::Down);
+    // The first write after the outage may be the one that finds it (its frame was synced
+    // locally and not acknowledged: outcome unknown); every later one is refused up front.
+    let mut refused = 0;
+    for i in 0..5 {
+        match pair(&store, &format!("during-{i}")) {
+            Ok(()) => return Err("a write was acknowledged while the replica was down".into()),
+            Err(e) => {
+                let e = e
+                    .downcast::<idemstore::Error>()
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|e| e.to_string());
+                assert!(e.contains("replica"), "the error names the replica: {e}");
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 5);
+
+    replica.set_fault(ReplicaFault::None);
+    until("writes to be taken again", || {
+        pair(&store, "after-probe").is_ok()
+    })?;
+    pair(&store, "after")?;
+    assert!(caught_up(&store));
+    // Nothing refused left a row behind.
+    assert_eq!(order_count(&store)?, rows + 2);
+    Ok(())
+}
+
+#[test]
+fn a_lost_acknowledgement_is_outcome_unknown_and_the_pair_appears_once_after_the_replica_returns()
+-> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .open(dir.path().join("s"))?;
+    pair(&store, "k0")?;
+    replica.set_fault(ReplicaFault::LoseAcks);
+    let lost = pair(&store, "k1").expect_err("the acknowledgement was lost");
+    let unknown = lost
+        .downcast_ref::<StoreError>()
+        .is_some_and(|e| matches!(e, StoreError::OutcomeUnknown { .. }));
+    assert!(unknown, "outcome unknown, got {lost:?}");
+    // Not visible while the replica has not acknowledged it (the replica does hold the frame:
+    // only its acknowledgement was lost).
+    assert!(store.get(&scope("k1"))?.is_none());
+    replica.set_fault(ReplicaFault::None);
+    until("the store to heal", || {
+        store.stats().is_ok_and(|s| s.poisoned.is_none()) && caught_up(&store)
+    })?;
+    // The frame that lost its acknowledgement was k1's claim: it is in progress now, on the
+    // replica as here, and its lease runs out like any abandoned claim's.
+    assert!(matches!(
+        store.begin(&scope("k1"), fp("k1"))?,
+        Begin::InProgress { .. }
+    ));
+    clock.advance(common::LEASE + Duration::from_secs(1));
+    pair(&store, "k1")?;
+    match store.begin(&scope("k1"), fp("k1"))? {
+        Begin::Replay(r) => assert_eq!(r.status(), 201),
+        other => return Err(format!("expected k1 to replay, got {other:?}").into()),
+    }
+    assert_eq!(order_count(&store)?, 2);
+    lose(store);
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    all_replay(&store, &["k0".into(), "k1".into()])
+}
+
+#[test]
+fn a_synchronous_store_that_falls_back_stays_available_and_catches_up() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::FallBack))
+        .ship_timeouts(Duration::from_millis(200), Duration::from_secs(10))
+        .open(dir.path().join("s"))?;
+    replica.set_fault(ReplicaFault::Down);
+    let keys = keys("f", 20);
+    for key in &keys {
+        pair(&store, key)?;
+    }
+    assert_eq!(state(&store), Some(ShipState::Unreachable));
+    replica.set_fault(ReplicaFault::None);
+    until("the replica to catch up", || caught_up(&store))?;
+    lose(store);
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    all_replay(&store, &keys)
+}
+
+#[test]
+fn an_outage_longer_than_the_queue_is_healed_by_a_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    // The smallest budget: a queue of 512 KiB, which 64 responses of 16 KiB outgrow.
+    let store = shipping(&clock, &replica, Shipping::Async)
+        .memory_budget(4 << 20)
+        .open(dir.path().join("s"))?;
+    pair(&store, "first")?;
+    until("the first frame to ship", || caught_up(&store))?;
+    replica.set_fault(ReplicaFault::Down);
+    let body = common::incompressible(16 << 10);
+    let mut keys = keys("o", 64);
+    for key in &keys {
+        pair_with(&store, key, &body)?;
+    }
+    let during = store.stats()?.shipping.ok_or("no shipping stats")?;
+    assert!(during.overflows >= 1, "the queue overflowed: {during:?}");
+    assert!(during.lag_frames > 0);
+    replica.set_fault(ReplicaFault::None);
+    until("a snapshot to catch the replica up", || caught_up(&store))?;
+    let after = store.stats()?.shipping.ok_or("no shipping stats")?;
+    assert!(after.snapshots >= 1, "{after:?}");
+    keys.push("first".into());
+    lose(store);
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    all_replay(&store, &keys)
+}
+
+#[test]
+fn snapshots_trim_the_stream_and_a_restore_replays_only_the_tail() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let store = shipping(&clock, &replica, Shipping::Async)
+        .ship_snapshot_bytes(64 << 10)
+        .open(dir.path().join("s"))?;
+    let body = common::incompressible(4 << 10);
+    let keys = keys("t", 100);
+    for key in &keys {
+        pair_with(&store, key, &body)?;
+    }
+    until("a snapshot", || {
+        store
+            .stats()
+            .ok()
+            .and_then(|s| s.shipping)
+            .is_some_and(|s| s.snapshots >= 1)
+    })?;
+    until("the replica to hold every frame", || caught_up(&store))?;
+    let snapshot = replica.snapshot_seq().ok_or("no snapshot")?;
+    assert!(
+        replica.frame_seqs().iter().all(|&seq| seq > snapshot),
+        "frames at or before the snapshot are trimmed"
+    );
+    lose(store);
+    let restored = Store::restore(&replica.handle(), dir.path().join("new"), Takeover::Yes)?;
+    assert_eq!(restored.snapshot, snapshot);
+    let store = builder(&clock).open(dir.path().join("new"))?;
+    all_replay(&store, &keys)
+}
+
+#[test]
+fn a_second_store_shipping_to_the_stream_is_refused_naming_the_first() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let first = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("first"))?;
+    pair(&first, "k")?;
+    until("the first store to ship", || caught_up(&first))?;
+    let second = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .open(dir.path().join("second"));
+    match second {
+        Err(OpenError::Replica { source }) => {
+            let message = source.to_string();
+            assert!(
+                message.contains("first"),
+                "names the first store: {message}"
+            );
+        }
+        Err(e) => return Err(format!("expected a replica refusal, got {e}").into()),
+        Ok(_) => return Err("a second writer was let in".into()),
+    }
+    // An asynchronous second store opens, but ships nothing and says why.
+    let second =
+        shipping(&clock, &replica, Shipping::Async).open(dir.path().join("second-async"))?;
+    until("the second store to be fenced", || {
+        state(&second) == Some(ShipState::Fenced)
+    })?;
+    let error = second
+        .stats()?
+        .shipping
+        .and_then(|s| s.last_error)
+        .unwrap_or_default();
+    assert!(error.contains("first"), "{error}");
+    Ok(())
+}
+
+#[test]
+fn a_restore_that_takes_the_stream_over_fences_the_old_writer() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let old = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("old"))?;
+    pair(&old, "k0")?;
+    until("the old store to ship", || caught_up(&old))?;
+    // The old box is cut off, not dead: it comes back after the restore.
+    Store::restore(&replica.handle(), dir.path().join("new"), Takeover::Yes)?;
+    pair(&old, "k1")?;
+    until("the old store to be fenced", || {
+        state(&old) == Some(ShipState::Fenced)
+    })?;
+    assert!(!replica.frame_seqs().is_empty());
+    // The new store ships on from where the restore ended.
+    let new = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .open(dir.path().join("new"))?;
+    pair(&new, "k2")?;
+    drop(new);
+    let again = restore(&replica, &dir.path().join("again"), &clock)?;
+    all_replay(&again, &["k0".into(), "k2".into()])?;
+    assert!(matches!(
+        again.begin(&scope("k1"), fp("k1"))?,
+        Begin::Claimed(_) | Begin::Recovered(_)
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_store_reopened_after_an_outage_catches_the_replica_up_with_a_snapshot() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let path = dir.path().join("s");
+    let store = shipping(&clock, &replica, Shipping::Async).open(&path)?;
+    pair(&store, "k0")?;
+    until("k0 to ship", || caught_up(&store))?;
+    replica.set_fault(ReplicaFault::Down);
+    let keys = keys("r", 10);
+    for key in &keys {
+        pair(&store, key)?;
+    }
+    drop(store); // the queue dies with the process
+    replica.set_fault(ReplicaFault::None);
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse)).open(&path)?;
+    // A synchronous open waits until the replica holds everything.
+    assert!(caught_up(&store));
+    assert!(store.stats()?.shipping.ok_or("no stats")?.snapshots >= 1);
+    drop(store);
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    let mut all = keys;
+    all.push("k0".into());
+    all_replay(&store, &all)
+}
+
+#[test]
+fn shipping_needs_the_log() {
+    let clock = clock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opened = builder(&clock)
+        .durability(idemstore::Durability::Redb)
+        .ship(MemoryReplica::new(), Shipping::Async)
+        .open(dir.path().join("s"));
+    assert!(matches!(
+        opened,
+        Err(OpenError::InvalidConfig {
+            setting: "ship",
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let primary = shipping(&clock, &replica, Shipping::Async)
+        .ship_snapshot_bytes(64 << 10)
+        .open(dir.path().join("primary"))?;
+    pair(&primary, "first")?;
+    until("the first snapshot", || replica.snapshot_seq().is_some())?;
+    let standby = idemstore::Standby::follow(
+        replica.handle(),
+        dir.path().join("standby"),
+        Duration::from_millis(5),
+    )?;
+    let body = common::incompressible(4 << 10);
+    let mut keys = keys("s", 100);
+    for key in &keys {
+        pair_with(&primary, key, &body)?;
+    }
+    until("the primary to ship everything", || caught_up(&primary))?;
+    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    until("the standby to follow", || {
+        standby.status().last_frame == durable
+    })?;
+    let status = standby.status();
+    assert!(
+        status.rebases >= 1,
+        "newer snapshots rebased it: {status:?}"
+    );
+    assert!(
+        status.tail_frames < durable - 1,
+        "the tail is shorter than the whole log: {status:?}"
+    );
+    lose(primary);
+    let took = standby.take_over()?;
+    assert!(took.took_over);
+    assert_eq!(took.last_frame, durable);
+    let store = builder(&clock).open(dir.path().join("standby"))?;
+    keys.push("first".into());
+    all_replay(&store, &keys)
+}
+
+#[test]
+fn a_silent_replica_bounds_a_synchronous_write_by_the_acknowledgement_limit() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    // The replica holds every call as long as the fault lasts, up to a minute.
+    let replica = MemoryReplica::new().call_limit(Duration::from_secs(60));
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .ship_timeouts(Duration::from_millis(300), Duration::from_secs(10))
+        .open(dir.path().join("s"))?;
+    pair(&store, "k0")?;
+    replica.set_fault(ReplicaFault::Silent);
+    let started = Instant::now();
+    let answered = pair(&store, "k1");
+    let took = started.elapsed();
+    assert!(
+        answered.is_err(),
+        "not acknowledged while the replica is silent"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the write waited {took:?}, past its limit of 300 ms"
+    );
+    // Later writes are refused at once, without waiting again.
+    let started = Instant::now();
+    assert!(pair(&store, "k2").is_err());
+    assert!(started.elapsed() < Duration::from_secs(1));
+    replica.set_fault(ReplicaFault::None);
+    until("writes to be taken again", || pair(&store, "k3").is_ok())?;
+    assert!(caught_up(&store));
+    Ok(())
+}
