@@ -39,11 +39,22 @@ pub(super) fn start(
     let Some(options) = options else {
         return Ok(None);
     };
-    let dir = storage
-        .db_path()
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    // A simulated disk has no directory: its snapshots are made in a temporary one (they
+    // are real files, which the replica reads), and it is named as one store whatever the
+    // disk (a crash image reopened is the same store).
+    let (dir, snapshot_dir) = match storage.dir() {
+        Some(dir) => (dir.to_path_buf(), dir.join(SNAPSHOT_DIR)),
+        None => {
+            let scratch = std::env::temp_dir().join(format!(
+                "idemstore-simulated-{}-{:x}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos())
+            ));
+            (PathBuf::from("simulated-disk"), scratch.join(SNAPSHOT_DIR))
+        }
+    };
     let settings = ShipSettings {
         mode: options.mode,
         me: WriterIdentity::this_process(&dir),
@@ -51,7 +62,7 @@ pub(super) fn start(
         ack_timeout: options.ack_timeout,
         open_timeout: options.open_timeout,
         snapshot_bytes: options.snapshot_bytes,
-        snapshot_dir: dir.join(SNAPSHOT_DIR),
+        snapshot_dir,
         backoff: BACKOFF,
     };
     let shipper = Shipper::start(options.replica, settings, durable).map_err(OpenError::Thread)?;

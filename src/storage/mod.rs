@@ -295,6 +295,15 @@ impl Storage {
     }
 
     /// A path to name in messages about the log directory.
+    /// The store's directory on the real filesystem; `None` for a simulated disk.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        match self {
+            Storage::Directory { dir, .. } => Some(dir),
+            #[cfg(feature = "testing")]
+            Storage::Simulated(_) => None,
+        }
+    }
+
     pub(crate) fn log_path(&self) -> PathBuf {
         match self {
             Storage::Directory { dir, .. } => dir.join(LOG_DIR),

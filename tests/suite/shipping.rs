@@ -482,3 +482,71 @@ fn a_silent_replica_bounds_a_synchronous_write_by_the_acknowledgement_limit() ->
     assert!(caught_up(&store));
     Ok(())
 }
+
+/// Two faults at once: a log sync fails while the replica is down. The store must heal from
+/// its own fault without making the frame visible before the replica holds it, catch the
+/// replica up once it returns, and lose nothing acknowledged: neither in a crash image of the
+/// disk nor in a restore from the replica.
+#[test]
+fn a_failed_log_sync_while_the_replica_is_down_loses_nothing_acknowledged_anywhere() -> TestResult {
+    use idemstore::testing::{FaultPlan, SimDisk, Tear};
+    let dir = tempfile::tempdir()?;
+    let disk = SimDisk::new();
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let open = |disk: &SimDisk| {
+        shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+            .ship_timeouts(Duration::from_millis(300), Duration::from_secs(10))
+            .checkpoint_interval(Duration::from_secs(3600))
+            .open_simulated(disk)
+    };
+    let store = open(&disk)?;
+    let mut acknowledged = keys("a", 5);
+    for key in &acknowledged {
+        pair(&store, key)?;
+    }
+    disk.plan(FaultPlan {
+        fail_sync: Some(disk.counters().syncs() + 1),
+        ..FaultPlan::default()
+    });
+    replica.set_fault(ReplicaFault::Down);
+    assert!(pair(&store, "unknown").is_err(), "its sync failed");
+    // While the replica is away, nothing is acknowledged, however often the store is asked.
+    for i in 0..5 {
+        let _ = store.reopen();
+        assert!(pair(&store, &format!("during-{i}")).is_err());
+    }
+    replica.set_fault(ReplicaFault::None);
+    until("the store to take writes again", || {
+        let _ = store.reopen();
+        pair(&store, "after-0").is_ok()
+    })?;
+    acknowledged.push("after-0".into());
+    for key in keys("after", 3).into_iter().skip(1) {
+        pair(&store, &key)?;
+        acknowledged.push(key);
+    }
+    assert!(caught_up(&store));
+
+    // The power goes: what the disk synced survives, and the process writes nothing more
+    // (a clean close would seal a partition and ship it past the image).
+    let image = disk.crash_image(Tear::Drop);
+    lose(store);
+    let reopened = open(&image)?;
+    for key in &acknowledged {
+        assert!(
+            matches!(reopened.begin(&scope(key), fp(key))?, Begin::Replay(_)),
+            "{key} is lost on the disk"
+        );
+    }
+    drop(reopened);
+    // The box goes: what the replica holds survives.
+    let restored = restore(&replica, &dir.path().join("new"), &clock)?;
+    for key in &acknowledged {
+        assert!(
+            matches!(restored.begin(&scope(key), fp(key))?, Begin::Replay(_)),
+            "{key} is lost on the replica"
+        );
+    }
+    Ok(())
+}
