@@ -1121,3 +1121,96 @@ fn a_segment_of_another_log_format_is_named() -> TestResult {
     )?;
     Ok(())
 }
+
+/// `idemstore restore`: a store shipping to a real JetStream, rebuilt by the tool into a new
+/// directory that opens with every acknowledged pair; a destination that holds something and
+/// a stream that does not exist are refused, leaving nothing behind.
+#[cfg(feature = "nats")]
+mod restore {
+    use super::*;
+    use crate::common::nats::{drop_replica, unique, url};
+    use idemstore::Shipping;
+    use idemstore::replica::JetStream;
+
+    /// A stream name of the test's own, deleted at the end even on failure.
+    struct Stream(String);
+
+    impl Drop for Stream {
+        fn drop(&mut self) {
+            drop_replica(&self.0);
+        }
+    }
+
+    #[test]
+    fn the_tool_restores_a_shipped_store_that_opens_with_every_pair() -> TestResult {
+        let stream = Stream(unique("cli"));
+        let dir = tempfile::tempdir()?;
+        let store = Store::builder()
+            .table(ORDERS)
+            .ship(JetStream::connect(&url(), &stream.0)?, Shipping::Async)
+            .open(dir.path().join("old"))?;
+        let keys: Vec<String> = (0..20).map(|i| format!("key-{i}")).collect();
+        for key in &keys {
+            let scope = Scope::new("t", "op", key)?;
+            let Begin::Claimed(claim) = store.begin(&scope, fp(key))? else {
+                return Err(format!("{key}: expected a claim").into());
+            };
+            let row = key.clone();
+            claim.commit(move |tx| {
+                tx.insert(&ORDERS, row.as_str(), "paid")?;
+                Ok(Response::new(201, b"ok".to_vec()))
+            })?;
+        }
+        drop(store); // a clean close ships what is queued
+
+        // A destination that holds something is refused, and left as it was.
+        let taken = dir.path().join("taken");
+        std::fs::create_dir(&taken)?;
+        std::fs::write(taken.join("keep"), b"mine")?;
+        let taken_arg = taken.to_str().ok_or("path")?;
+        refused(
+            &["restore", "--from", &url(), "--store", &stream.0, taken_arg],
+            &["not an empty directory", taken_arg],
+        )?;
+        assert_eq!(std::fs::read_dir(&taken)?.count(), 1);
+        // A stream nobody shipped to is refused by name.
+        let missing = dir.path().join("missing");
+        refused(
+            &[
+                "restore",
+                "--from",
+                &url(),
+                "--store",
+                "no_such_store_anywhere",
+                missing.to_str().ok_or("path")?,
+            ],
+            &["no_such_store_anywhere"],
+        )?;
+        assert!(!missing.exists());
+
+        let new = dir.path().join("new");
+        let out = run(&[
+            "restore",
+            "--from",
+            &url(),
+            "--store",
+            &stream.0,
+            "--json",
+            new.to_str().ok_or("path")?,
+        ])?;
+        assert_eq!(out.code, Some(0), "{} {}", out.stdout, out.stderr);
+        let restored: serde_json::Value = serde_json::from_str(out.stdout.trim())?;
+        assert_eq!(restored["took_over"], false);
+        assert_eq!(restored["guarantee"], "may-lag");
+        let store = Store::builder().table(ORDERS).open(&new)?;
+        for key in &keys {
+            let scope = Scope::new("t", "op", key)?;
+            assert!(
+                matches!(store.begin(&scope, fp(key))?, Begin::Replay(_)),
+                "{key} replays"
+            );
+        }
+        assert_eq!(common::order_count(&store)?, keys.len() as u64);
+        Ok(())
+    }
+}

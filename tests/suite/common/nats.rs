@@ -50,3 +50,31 @@ pub fn unique(prefix: &str) -> String {
         N.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// Deletes what a store shipping to the stream `name` made on the server (its log stream, its
+/// writer entry's bucket and its snapshot bucket), from a thread of its own, outside any tokio
+/// runtime the caller may be in. Best effort: for a test's cleanup.
+pub fn drop_replica(name: &str) {
+    let names = [
+        format!("IDEMSTORE_LOG_{name}"),
+        format!("KV_IDEMSTORE_WRITER_{name}"),
+        format!("OBJ_IDEMSTORE_SNAP_{name}"),
+    ];
+    let _ = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the cleanup");
+        runtime.block_on(async {
+            let connected =
+                tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url())).await;
+            if let Ok(Ok(client)) = connected {
+                let js = jetstream::new(client);
+                for name in names {
+                    let _ = js.delete_stream(name).await;
+                }
+            }
+        });
+    })
+    .join();
+}
