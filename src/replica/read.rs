@@ -1,6 +1,7 @@
-//! Reading the frames back (a restore): every message from the stream's first to its last as
-//! the read begins, by direct gets (a few ahead), joined into frames and checked to follow on
-//! from one another.
+//! Reading the frames back (a restore, a standby's poll): every message from the first one
+//! past the frame asked for (found by a binary search) to the stream's last as the read
+//! begins, by direct gets (a few ahead), joined into frames and checked to follow on from one
+//! another.
 //!
 //! The reader runs on the replica's runtime; the caller's callback runs on the caller's
 //! thread, so frames cross over a channel, a few at a time (each carries a permit the caller
@@ -64,9 +65,15 @@ async fn frames(
     if tail.last.is_none() {
         return Ok(joiner.finish());
     }
+    // Straight to the first message past `after` (a binary search by direct gets): a standby
+    // that asks every poll must not read the whole tail again each time.
+    let start = match after {
+        0 => tail.first_seq,
+        _ => stream::first_after(link, &log, &tail, after).await?,
+    };
     let mut ahead = Ahead::default();
-    let mut next = tail.first_seq;
-    for at in tail.first_seq..=tail.last_seq {
+    let mut next = start;
+    for at in start..=tail.last_seq {
         while next <= tail.last_seq && ahead.0.len() < AHEAD {
             ahead.0.push_back(fetch(link, &log, next));
             next += 1;

@@ -285,8 +285,13 @@ impl Drop for Shipper {
         }
         self.inner.state.lock().stopping = true;
         self.inner.changed.notify_all();
+        let here = std::thread::current().id();
         for thread in self.threads.drain(..) {
-            let _ = thread.join();
+            // The last handle of the store can go on the snapshot thread (it holds the engine
+            // while it copies): that thread ends on its own once it sees `stopping`.
+            if thread.thread().id() != here {
+                let _ = thread.join();
+            }
         }
         if let Err(e) = self.inner.replica.release(&self.inner.settings.me) {
             tracing::warn!(error = %e, "giving the stream up failed; the next open of this store takes it back");
