@@ -172,3 +172,35 @@ pub fn pairs_from_threads(
     });
     count as f64 / started.elapsed().as_secs_f64()
 }
+
+/// Median time of a 512-byte overwrite plus `fdatasync` (`syncs` of them) in a 1 MiB file
+/// under `dir`: the disk's own sync time in this run, to read a bench's figures against. The
+/// same probe as `peers` prints (which makes 400).
+pub fn fdatasync_median(dir: &std::path::Path, syncs: u64) -> std::time::Duration {
+    use std::io::{Seek, SeekFrom, Write};
+    let path = dir.join("fdatasync-probe");
+    let mut f = std::fs::File::create(&path).expect("probe file");
+    f.write_all(&vec![0u8; 1 << 20]).expect("preallocate");
+    f.sync_all().expect("sync");
+    let mut times = Vec::with_capacity(syncs.max(1) as usize);
+    for i in 0..syncs.max(1) {
+        f.seek(SeekFrom::Start((i * 512) % (1 << 20)))
+            .expect("seek");
+        f.write_all(&[i as u8; 512]).expect("write");
+        let t = Instant::now();
+        f.sync_data().expect("fdatasync");
+        times.push(t.elapsed());
+    }
+    let _ = std::fs::remove_file(path);
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// A random UUIDv4 key in the canonical text form: 122 bits drawn from `state`, which it
+/// advances (seed each client thread with a `state` of its own).
+pub fn uuid_v4(state: &mut u64) -> String {
+    let hi = mix(*state);
+    let lo = mix(state.wrapping_add(0x9e37_79b9_7f4a_7c15));
+    *state = state.wrapping_add(0x3c6e_f372_fe94_f82a);
+    uuid_text((hi & !0xf000) | 0x4000, lo)
+}
