@@ -894,27 +894,6 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// Median time of a 512-byte overwrite plus `fdatasync` on the bench directory's disk.
-fn fdatasync_p50(dir: &Path) -> Duration {
-    use std::io::{Seek, SeekFrom, Write};
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).expect("probe");
-    f.write_all(&vec![0u8; 1 << 20]).expect("preallocate");
-    f.sync_all().expect("sync");
-    let mut times = Vec::new();
-    for i in 0..400u64 {
-        f.seek(SeekFrom::Start((i * 512) % (1 << 20)))
-            .expect("seek");
-        f.write_all(&[i as u8; 512]).expect("write");
-        let t = Instant::now();
-        f.sync_data().expect("fdatasync");
-        times.push(t.elapsed());
-    }
-    times.sort();
-    let _ = std::fs::remove_file(path);
-    percentile(&times, 0.5)
-}
-
 struct Row {
     name: String,
     clients: usize,
@@ -1134,7 +1113,7 @@ fn main() {
 
     // Latency of one pair, and two raw fdatasyncs on the same disk.
     std::fs::create_dir_all(&root).expect("bench dir");
-    let sync_p50 = fdatasync_p50(&root);
+    let sync_p50 = common::fdatasync_median(&root, 400);
     let mut latency_lines = Vec::new();
     let latency_clients: &[usize] = if only.is_empty() {
         &[1, PRODUCT_CLIENTS]

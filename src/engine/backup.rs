@@ -48,14 +48,14 @@ impl Engine {
         // Refusals first: a bad destination or an unknown table writes nothing anywhere.
         check_backup_destination(dest)?;
         self.publish_acknowledged()?;
-        let snapshot = self
-            .shared
-            .db
-            .read(&self.shared.poison)?
-            .begin_read()
-            .map_err(StoreError::from)?;
+        let snapshot = self.published_snapshot()?;
         self.copy_snapshot(snapshot, dest, started)
             .map(|(backed_up, _)| backed_up)
+    }
+
+    /// A redb read transaction on what the writer last published.
+    pub(in crate::engine) fn published_snapshot(&self) -> Result<ReadTransaction, StoreError> {
+        Ok(self.shared.db.read(&self.shared.poison)?.begin_read()?)
     }
 
     /// Copies `snapshot` into the new store directory `dest`, which was checked to be empty;

@@ -11,8 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use redb::ReadableDatabase;
-
 use super::Engine;
 use crate::engine::tables::meta;
 use crate::error::{BackupError, OpenError, StoreError};
@@ -93,12 +91,7 @@ impl Engine {
     /// A snapshot for the replica, made in the new directory `dir`: the database file and
     /// the last frame it holds.
     fn ship_snapshot(&self, dir: &Path) -> Result<(PathBuf, u64), BackupError> {
-        let snapshot = self
-            .shared
-            .db
-            .read(&self.shared.poison)?
-            .begin_read()
-            .map_err(StoreError::from)?;
+        let snapshot = self.published_snapshot()?;
         let applied = meta::applied(&snapshot).map_err(StoreError::from)?;
         self.copy_snapshot(snapshot, dir, Instant::now())?;
         Ok((dir.join(DB_FILE), applied))

@@ -46,16 +46,7 @@ pub(super) async fn bucket(
         Ok(store) => return Ok(Some(store)),
         Err(e) => e,
     };
-    match js.get_stream(link.names.snapshots_stream()).await {
-        Err(e) if stream::not_found(&e) => {}
-        _ => {
-            return Err(failed(
-                &link.client,
-                &format!("opening the bucket {name}"),
-                &opened,
-            ));
-        }
-    }
+    stream::bucket_absent(link, js, &link.names.snapshots_stream(), name, &opened).await?;
     if missing == Missing::Refuse {
         return Ok(None);
     }

@@ -35,6 +35,25 @@ pub(super) fn not_found(error: &GetStreamError) -> bool {
     matches!(error.kind(), GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND)
 }
 
+/// After a bucket `name` failed to open with `opened`: `Ok` if its stream `stream` is
+/// really absent (the bucket may be made), else the opening's failure.
+pub(super) async fn bucket_absent<E: std::error::Error + 'static>(
+    link: &Link,
+    js: &Context,
+    stream: &str,
+    name: &str,
+    opened: &E,
+) -> Result<(), ReplicaError> {
+    match js.get_stream(stream).await {
+        Err(e) if not_found(&e) => Ok(()),
+        _ => Err(failed(
+            &link.client,
+            &format!("opening the bucket {name}"),
+            opened,
+        )),
+    }
+}
+
 /// The log stream; created if `missing` says so.
 pub(super) async fn open(
     link: &Link,

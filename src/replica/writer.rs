@@ -76,16 +76,7 @@ pub(super) async fn bucket(
         Ok(store) => return Ok(Some(store)),
         Err(e) => e,
     };
-    match js.get_stream(link.names.writers_stream()).await {
-        Err(e) if stream::not_found(&e) => {}
-        _ => {
-            return Err(failed(
-                &link.client,
-                &format!("opening the bucket {name}"),
-                &opened,
-            ));
-        }
-    }
+    stream::bucket_absent(link, js, &link.names.writers_stream(), name, &opened).await?;
     if missing == Missing::Refuse {
         return Ok(None);
     }
@@ -407,12 +398,7 @@ pub(super) async fn still_writer(
     link: &Link,
     js: &Context,
 ) -> Result<Option<SnapshotRef>, ReplicaError> {
-    let me = link
-        .writer
-        .lock()
-        .as_ref()
-        .map(|c| c.me.clone())
-        .ok_or_else(not_claimed)?;
+    let me = claimed_as(link)?;
     let store = bucket(link, js, Missing::Refuse).await?;
     let current = match &store {
         Some(store) => read(link, store).await?,
@@ -422,6 +408,15 @@ pub(super) async fn still_writer(
         Some((entry, _)) if entry.writer.as_ref() == Some(&me) => Ok(entry.snapshot),
         _ => Err(other_writer(link, js, None).await),
     }
+}
+
+/// The store this replica claimed the stream as.
+fn claimed_as(link: &Link) -> Result<WriterIdentity, ReplicaError> {
+    link.writer
+        .lock()
+        .as_ref()
+        .map(|c| c.me.clone())
+        .ok_or_else(not_claimed)
 }
 
 /// The error for a writer's call before its claim.
@@ -451,12 +446,7 @@ pub(super) async fn commit_snapshot(
     js: &Context,
     snapshot: SnapshotRef,
 ) -> Result<Option<SnapshotRef>, ReplicaError> {
-    let me = link
-        .writer
-        .lock()
-        .as_ref()
-        .map(|c| c.me.clone())
-        .ok_or_else(not_claimed)?;
+    let me = claimed_as(link)?;
     let store = bucket(link, js, Missing::Refuse)
         .await?
         .ok_or_else(not_claimed)?;
