@@ -157,6 +157,9 @@ pub(crate) fn store_unavailable(error: &StoreError, retry_after: Duration) -> Re
     let seconds = retry_after.as_secs().max(1);
     let what = if error.io_kind() == Some(std::io::ErrorKind::StorageFull) {
         "the service's storage is full"
+    } else if error.io_kind() == Some(std::io::ErrorKind::NotConnected) {
+        // A store that ships its log synchronously, refusing while its replica is away.
+        "the service's idempotency store cannot reach the replica it ships its log to"
     } else if matches!(error, StoreError::Backend { .. }) {
         "the service cannot reach its idempotency database"
     } else {

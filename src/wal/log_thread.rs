@@ -381,11 +381,16 @@ fn write<T>(
             // it. Handled as a failed sync (the store restores in place from this copy, once
             // the replica has it), so nothing of it is seen before the replica holds it.
             return Err((
-                StoreError::unknown_in(
-                    "the frame was synced locally, but the replica did not acknowledge it",
-                    &error,
-                    SHIP_RECOVERY,
-                ),
+                // `NotConnected`: what the HTTP layer (and any caller) can tell a replica's
+                // absence by, as it tells a full disk by `StorageFull`.
+                StoreError::OutcomeUnknown {
+                    kind: Some(std::io::ErrorKind::NotConnected),
+                    cause: format!(
+                        "the frame was synced locally, but the replica did not acknowledge it: {error}"
+                    )
+                    .into(),
+                    recovery: SHIP_RECOVERY,
+                },
                 FailedOutcome::Unknown,
                 Some(Unsynced { seq, payload }),
             ));

@@ -550,3 +550,77 @@ fn a_failed_log_sync_while_the_replica_is_down_loses_nothing_acknowledged_anywhe
     }
     Ok(())
 }
+
+/// While a synchronous store waits for its replica to acknowledge a frame, it refuses writes
+/// but still serves reads: `Store::read` sees every acknowledged pair's row, even those that
+/// shared an epoch with the frame that was not acknowledged.
+#[test]
+fn reads_see_every_acknowledged_write_while_a_synchronous_store_waits_for_its_replica() -> TestResult
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for round in 0..3 {
+        let dir = tempfile::tempdir()?;
+        let clock = clock();
+        let replica = MemoryReplica::new();
+        let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+            .ship_timeouts(Duration::from_millis(200), Duration::from_secs(10))
+            .open(dir.path().join("s"))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        // Writers keep the epoch busy, so acknowledged groups share it with the frame that
+        // the replica will not acknowledge.
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let (store, stop) = (store.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut acked = Vec::new();
+                    for i in 0.. {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let key = format!("r{round}-w{w}-{i}");
+                        if pair(&store, &key).is_ok() {
+                            acked.push(key);
+                        }
+                    }
+                    acked
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(30));
+        replica.set_fault(ReplicaFault::Down);
+        until("the store to refuse writes", || {
+            store.stats().is_ok_and(|s| s.poisoned.is_some())
+        })?;
+        stop.store(true, Ordering::SeqCst);
+        let mut acked = Vec::new();
+        for writer in writers {
+            acked.extend(writer.join().map_err(|_| "a writer panicked")?);
+        }
+        assert!(!acked.is_empty());
+        let rows = common::orders(&store)?;
+        for key in &acked {
+            assert!(
+                rows.iter().any(|(k, _)| k == key),
+                "round {round}: {key}'s row is not read"
+            );
+            assert!(
+                store.get(&scope(key))?.is_some(),
+                "round {round}: {key} is not found"
+            );
+        }
+        replica.set_fault(ReplicaFault::None);
+        until("the store to heal", || {
+            store.stats().is_ok_and(|s| s.poisoned.is_none()) && caught_up(&store)
+        })?;
+        lose(store);
+        let restored = restore(&replica, &dir.path().join("new"), &clock)?;
+        for key in &acked {
+            assert!(
+                matches!(restored.begin(&scope(key), fp(key))?, Begin::Replay(_)),
+                "{key}"
+            );
+        }
+    }
+    Ok(())
+}

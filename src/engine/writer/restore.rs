@@ -66,8 +66,12 @@ impl Writer {
     /// Requests queued meanwhile wait; readers of records wait only while the file is reopened.
     pub(crate) fn restore(&mut self, reopen: Reopen) -> Result<RecoveryReport, StoreError> {
         let started = Instant::now();
-        // A frame the replica has not acknowledged must not become visible before it does.
-        ship_gate::ship_caught_up(self.shared.shipper.as_ref())?;
+        // A frame the replica has not acknowledged must not become visible before it does;
+        // every frame before it was acknowledged, and readers see those meanwhile.
+        if let Err(e) = ship_gate::ship_caught_up(self.shared.shipper.as_ref()) {
+            self.publish_before_unshipped(reopen)?;
+            return Err(e);
+        }
         // Joins the log thread; every group it had is settled (answered) by then.
         self.mode.stop_log();
         let CaughtUp {
@@ -108,6 +112,43 @@ impl Writer {
         );
         *self.shared.recovery.lock() = report.clone();
         Ok(report)
+    }
+
+    /// While the replica lacks a frame it did not acknowledge: replays the log up to the frame
+    /// before it into redb and publishes that, without starting a log. The store stays
+    /// poisoned (no write may rest on the frame), but `Store::read` sees every acknowledged
+    /// write; the restore that follows once the replica holds the frame replays the same
+    /// frames again (replay is idempotent) and applies the frame. Done once per wait: a log
+    /// already stopped with nothing left unpublished has nothing more to show.
+    fn publish_before_unshipped(&mut self, reopen: Reopen) -> Result<(), StoreError> {
+        if matches!(self.mode, Mode::Stopped) && !self.shared.overlay.is_unpublished() {
+            return Ok(());
+        }
+        self.mode.stop_log();
+        let db_slot = self.shared.db.clone();
+        let mut slot = db_slot.write();
+        self.trusted_database(&mut slot, reopen)?;
+        let db = slot.as_ref().ok_or(StoreError::Closed)?;
+        let (registry, storage, config) =
+            (&self.shared.registry, &self.storage, &self.shared.config);
+        let through = self.unsynced.as_ref().map(|u| u.seq.saturating_sub(1));
+        guarded(storage, || {
+            catch_up::catch_up(db, registry, storage, config, through)
+        })
+        .map_err(restore_failed)?;
+        guarded(&self.storage, || {
+            partitions::reload(db, &self.shared.partitions).map_err(OpenError::Setup)
+        })
+        .map_err(restore_failed)?;
+        drop(slot);
+        // The shared snapshot first: a reader that misses the overlay must find the records.
+        self.shared.db.published();
+        self.shared.overlay.published();
+        tracing::info!(
+            through = ?through,
+            "published every acknowledged write; the frame the replica did not acknowledge waits for it"
+        );
+        Ok(())
     }
 
     /// Leaves a database in the slot that the writer can build on: the one there if it still

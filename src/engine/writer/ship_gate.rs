@@ -29,7 +29,8 @@ fn refusing(shipper: Option<&Arc<Shipper>>) -> Option<&Arc<Shipper>> {
 
 fn refused(e: crate::error::ReplicaError) -> StoreError {
     StoreError::NotWritten {
-        kind: std::io::ErrorKind::Other,
+        // As for a frame the replica did not acknowledge (`wal::log_thread`).
+        kind: std::io::ErrorKind::NotConnected,
         cause: format!(
             "the store ships its log synchronously and refuses writes while its replica lacks frames or does not answer ({e})"
         )
