@@ -20,6 +20,8 @@ mod edge_service;
 mod async_api;
 mod backup;
 mod bad_input;
+#[cfg(all(unix, feature = "http", feature = "nats"))]
+mod box_loss;
 #[cfg(feature = "cli")]
 mod cli;
 mod compact;

@@ -1,14 +1,15 @@
 //! `GET /stats`, one shape on both backends: what a tenant may see (its charges, its side
 //! effects, the store's health) and what the operator sees (every tenant's side effects and
-//! the store's counters). A field one backend does not have is there with 0 or null, so a
-//! dashboard reads both the same way; `backend` says which one answered.
+//! the store's counters, with its log shipping and its restore window: null when it does not
+//! ship, or was never restored). A field one backend does not have is there with 0 or null, so
+//! a dashboard reads both the same way; `backend` says which one answered.
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use idemstore::Stats;
+use idemstore::{ShipState, Shipping, ShippingStats, Stats, Unreachable};
 use serde_json::{Value, json};
 
 use super::auth::Caller;
@@ -138,6 +139,47 @@ fn store(stats: &Stats) -> Value {
         "stale_rejections": stats.stale_rejections,
         "groups_committed": stats.groups_committed,
         "writer_requests": stats.writer_requests,
+        "shipping": stats.shipping.as_ref().map(shipping),
+        "restore_window": stats.restore_window.as_ref().map(|w| json!({
+            "guarantee": w.guarantee.as_str(),
+            "last_frame": w.last_frame,
+            "restored_at_ms": w.restored_at.as_millis(),
+            "ends_at_ms": w.ends_at.as_millis(),
+        })),
+    })
+}
+
+/// Log shipping (`--ship`), by the names of [`ShippingStats`]' fields: the state an operator
+/// alerts on (anything but `shipping`) and how far the replica is behind.
+fn shipping(shipping: &ShippingStats) -> Value {
+    let mode = match shipping.mode {
+        Shipping::Async => "async",
+        Shipping::Sync(Unreachable::Refuse) => "sync",
+        Shipping::Sync(Unreachable::FallBack) => "sync-fallback",
+        _ => "other",
+    };
+    let state = match shipping.state {
+        ShipState::Claiming => "claiming",
+        ShipState::Shipping => "shipping",
+        ShipState::CatchingUp => "catching_up",
+        ShipState::Unreachable => "unreachable",
+        ShipState::Fenced => "fenced",
+        _ => "other",
+    };
+    json!({
+        "mode": mode,
+        "state": state,
+        "last_error": shipping.last_error,
+        "durable_frame": shipping.durable_frame,
+        "shipped_frame": shipping.shipped_frame,
+        "lag_frames": shipping.lag_frames,
+        "lag_secs": shipping.lag.as_secs_f64(),
+        "lag_p50_secs": shipping.lag_p50.as_secs_f64(),
+        "lag_p99_secs": shipping.lag_p99.as_secs_f64(),
+        "frames_shipped": shipping.frames_shipped,
+        "snapshots": shipping.snapshots,
+        "last_snapshot": shipping.last_snapshot,
+        "overflows": shipping.overflows,
     })
 }
 

@@ -5,7 +5,7 @@
 pub mod http;
 #[cfg(feature = "nats")]
 pub mod nats;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "nats"))]
 pub mod proxy;
 #[cfg(feature = "http")]
 pub mod service;

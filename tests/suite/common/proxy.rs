@@ -1,8 +1,10 @@
-//! A TCP proxy between a store and its database that can make the network fail the way
-//! networks do: pass traffic, drop a connection (both sockets closed, as after a reset), or
-//! hold it (both sockets stay open and nothing is forwarded either way, as in a partition or
-//! a frozen peer: neither side hears anything, and a close on one side never reaches the
-//! other). Per connection or for all of them; new connections always pass.
+//! A TCP proxy between a store and its database (or its NATS server) that can make the
+//! network fail the way networks do: pass traffic, drop a connection (both sockets closed, as
+//! after a reset), or hold it (both sockets stay open and nothing is forwarded either way, as
+//! in a partition or a frozen peer: neither side hears anything, and a close on one side never
+//! reaches the other). Per connection or for all of them. New connections pass unless
+//! [`Proxy::arrivals`] says otherwise: refused (closed at once, as by a server that is down)
+//! or held (accepted and never answered, as by a silent one).
 //!
 //! A connection is named by the port of its upstream socket, which is what PostgreSQL shows
 //! as `client_port` in `pg_stat_activity`: a test finds the session it wants to silence (the
@@ -25,6 +27,17 @@ enum State {
     Pass,
     Hold,
     Drop,
+}
+
+/// What the proxy does with the connections it accepts from now on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrivals {
+    /// Connected to the upstream, their traffic passed (the default).
+    Pass,
+    /// Closed at once, before a byte goes either way: the server is down.
+    Refuse,
+    /// Kept open and never answered, until arrivals change: the server is silent.
+    Hold,
 }
 
 /// Where an armed trigger holds the connection relative to the bytes it matched.
@@ -50,6 +63,7 @@ pub struct Proxy {
     addr: SocketAddr,
     links: Arc<Mutex<Vec<Arc<Link>>>>,
     tasks: Arc<Mutex<JoinSet<()>>>,
+    arrivals: watch::Sender<Arrivals>,
 }
 
 impl Proxy {
@@ -59,9 +73,23 @@ impl Proxy {
         let addr = listener.local_addr()?;
         let links: Arc<Mutex<Vec<Arc<Link>>>> = Arc::default();
         let tasks: Arc<Mutex<JoinSet<()>>> = Arc::default();
-        let (accepted, spawn) = (links.clone(), tasks.clone());
+        let arrivals = watch::Sender::new(Arrivals::Pass);
+        let (accepted, spawn, policy) = (links.clone(), tasks.clone(), arrivals.subscribe());
         tasks.lock().spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let now = *policy.borrow();
+                match now {
+                    Arrivals::Pass => {}
+                    Arrivals::Refuse => continue, // dropped: the client sees it closed
+                    Arrivals::Hold => {
+                        let mut until = policy.clone();
+                        spawn.lock().spawn(async move {
+                            let _open = client;
+                            let _ = until.wait_for(|a| *a != Arrivals::Hold).await;
+                        });
+                        continue;
+                    }
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue; // the client sees its connection closed
                 };
@@ -83,10 +111,22 @@ impl Proxy {
                 tasks.spawn(pump(server_read, client_write, down, link, false));
             }
         });
-        Ok(Proxy { addr, links, tasks })
+        Ok(Proxy {
+            addr,
+            links,
+            tasks,
+            arrivals,
+        })
     }
 
-    /// `url` (a `postgres://` URL) with its host and port replaced by the proxy's.
+    /// What happens to the connections accepted from now on (those open now are unchanged;
+    /// connections held as they arrived are closed when arrivals stop being held).
+    pub fn arrivals(&self, arrivals: Arrivals) {
+        self.arrivals.send_replace(arrivals);
+    }
+
+    /// `url` (a `postgres://` or `nats://` URL) with its host and port replaced by the
+    /// proxy's.
     pub fn url(&self, url: &str) -> String {
         let (scheme, rest) = url.split_once("://").unwrap_or(("postgres", url));
         let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
