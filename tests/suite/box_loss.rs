@@ -108,9 +108,7 @@ struct Scratch {
 impl Scratch {
     /// Fails, saying how to start NATS, if it is unreachable.
     fn new() -> Scratch {
-        off_runtime(|| {
-            runtime().block_on(common::nats::connect());
-        });
+        common::nats::require();
         Scratch {
             name: unique("box"),
         }
@@ -119,38 +117,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let names = [
-            format!("IDEMSTORE_LOG_{}", self.name),
-            format!("KV_IDEMSTORE_WRITER_{}", self.name),
-            format!("OBJ_IDEMSTORE_SNAP_{}", self.name),
-        ];
-        off_runtime(move || {
-            runtime().block_on(async {
-                let connected =
-                    tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url())).await;
-                if let Ok(Ok(client)) = connected {
-                    let js = async_nats::jetstream::new(client);
-                    for name in names {
-                        let _ = js.delete_stream(name).await;
-                    }
-                }
-            });
-        });
+        common::nats::drop_replica(&self.name);
     }
-}
-
-/// Runs `f` on a thread of its own, outside any tokio runtime.
-fn off_runtime(f: impl FnOnce() + Send + 'static) {
-    if let Err(panic) = std::thread::spawn(f).join() {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the test's own requests")
 }
 
 /// The proxy between the service and NATS, on a runtime of its own.

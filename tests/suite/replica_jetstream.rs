@@ -37,9 +37,7 @@ struct Scratch {
 impl Scratch {
     fn new() -> Scratch {
         // Fails, saying how to start NATS, if it is unreachable: never a skip.
-        off_runtime(|| {
-            runtime().block_on(common::nats::connect());
-        });
+        common::nats::require();
         Scratch { name: unique("rj") }
     }
 
@@ -51,7 +49,7 @@ impl Scratch {
     /// Runs `f` with a JetStream context of the test's own (to look at, or tamper with, what
     /// the server holds).
     fn inspect<T>(&self, f: impl AsyncFnOnce(async_nats::jetstream::Context) -> T) -> T {
-        runtime().block_on(async { f(common::nats::connect().await).await })
+        common::nats::runtime().block_on(async { f(common::nats::connect().await).await })
     }
 
     fn stream(&self) -> String {
@@ -74,38 +72,8 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let names = [
-            self.stream(),
-            format!("KV_IDEMSTORE_WRITER_{}", self.name),
-            format!("OBJ_IDEMSTORE_SNAP_{}", self.name),
-        ];
-        off_runtime(move || {
-            runtime().block_on(async {
-                let connected =
-                    tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url())).await;
-                if let Ok(Ok(client)) = connected {
-                    let js = async_nats::jetstream::new(client);
-                    for name in names {
-                        let _ = js.delete_stream(name).await;
-                    }
-                }
-            });
-        });
+        common::nats::drop_replica(&self.name);
     }
-}
-
-/// Runs `f` on a thread of its own, outside any tokio runtime (a test may run inside one).
-fn off_runtime(f: impl FnOnce() + Send + 'static) {
-    if let Err(panic) = std::thread::spawn(f).join() {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime for the test's own requests")
 }
 
 /// A store at `dir` on a test host.

@@ -51,21 +51,39 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Runs `f` on a thread of its own, outside any tokio runtime the caller may be in.
+pub fn off_runtime(f: impl FnOnce() + Send + 'static) {
+    if let Err(panic) = std::thread::spawn(f).join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A runtime for a test's own requests to the server.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the test's own requests")
+}
+
+/// Fails, saying how to start NATS, if it is unreachable: never a skip.
+pub fn require() {
+    off_runtime(|| {
+        runtime().block_on(connect());
+    });
+}
+
 /// Deletes what a store shipping to the stream `name` made on the server (its log stream, its
-/// writer entry's bucket and its snapshot bucket), from a thread of its own, outside any tokio
-/// runtime the caller may be in. Best effort: for a test's cleanup.
+/// writer entry's bucket and its snapshot bucket), outside any tokio runtime the caller may be
+/// in. Best effort: for a test's cleanup.
 pub fn drop_replica(name: &str) {
     let names = [
         format!("IDEMSTORE_LOG_{name}"),
         format!("KV_IDEMSTORE_WRITER_{name}"),
         format!("OBJ_IDEMSTORE_SNAP_{name}"),
     ];
-    let _ = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("a tokio runtime for the cleanup");
-        runtime.block_on(async {
+    off_runtime(move || {
+        runtime().block_on(async {
             let connected =
                 tokio::time::timeout(Duration::from_secs(5), async_nats::connect(url())).await;
             if let Ok(Ok(client)) = connected {
@@ -75,6 +93,5 @@ pub fn drop_replica(name: &str) {
                 }
             }
         });
-    })
-    .join();
+    });
 }
