@@ -729,6 +729,20 @@ fn replays_while_away(service: &Client, charged: &[(String, Key)]) -> Fallible<V
     Ok(unread)
 }
 
+/// A stream of the test's own, the proxy to NATS, and a directory for the boxes and the
+/// processor's ledger (outside every box: the processor survives the box).
+fn prepare(mode: Mode) -> Fallible<(Scratch, Net, tempfile::TempDir, Setup)> {
+    let scratch = Scratch::new();
+    let net = Net::start()?;
+    let dir = tempfile::tempdir()?;
+    let setup = Setup {
+        stream: scratch.name.clone(),
+        mode,
+        ledger: dir.path().join("processor-ledger.jsonl"),
+    };
+    Ok((scratch, net, dir, setup))
+}
+
 #[test]
 fn box_lost_under_load_with_synchronous_shipping_keeps_every_charge_and_charges_each_key_once()
 -> TestResult {
@@ -749,14 +763,8 @@ fn box_lost_under_load_with_asynchronous_shipping_recovers_what_the_stream_lacks
 /// new box restored from the stream answers every retry.
 fn box_lost(mode: Mode) -> TestResult {
     let started = Instant::now();
-    let scratch = Scratch::new();
-    let net = Net::start()?;
-    let dir = tempfile::tempdir()?;
-    let setup = Setup {
-        stream: scratch.name.clone(),
-        mode,
-        ledger: dir.path().join("processor-ledger.jsonl"),
-    };
+    // The stream is deleted when `_scratch` goes, at the end of the test.
+    let (_scratch, net, dir, setup) = prepare(mode)?;
     let old_dir = dir.path().join("old-box");
     let old = setup.start(&old_dir, &net.url(), false)?;
     let load = Load::start(&old.base, Retry::Never);
@@ -894,14 +902,8 @@ fn nats_stopped_and_silent_under_load_with_asynchronous_shipping_charges_on_and_
 /// replays every charge.
 fn nats_away(mode: Mode) -> TestResult {
     let started = Instant::now();
-    let scratch = Scratch::new();
-    let net = Net::start()?;
-    let dir = tempfile::tempdir()?;
-    let setup = Setup {
-        stream: scratch.name.clone(),
-        mode,
-        ledger: dir.path().join("processor-ledger.jsonl"),
-    };
+    // The stream is deleted when `_scratch` goes, at the end of the test.
+    let (_scratch, net, dir, setup) = prepare(mode)?;
     let box_dir = dir.path().join("box");
     let service = setup.start(&box_dir, &net.url(), false)?;
     let client = Client::new(&service.base);
