@@ -283,7 +283,8 @@ impl Builder {
     /// How long a synchronous frame waits for the replica's acknowledgement before the
     /// [`Unreachable`](crate::Unreachable) policy applies (`ack`), and how long a synchronous,
     /// refusing store's open waits for the replica to catch up (`open`). Ignored without
-    /// [`Builder::ship`].
+    /// [`Builder::ship`]. A clean close (the last handle dropped) also waits up to `ack` for
+    /// an answering replica to take what is not shipped yet, in either mode.
     ///
     /// Default = 5 s and 60 s. Valid: 1 ms ..= 1 hour each.
     #[must_use]

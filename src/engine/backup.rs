@@ -19,19 +19,24 @@
 //! window (`model::restore`), in which unknown keys answer `Recovered`.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use redb::{Database, MultimapTableHandle, ReadTransaction, ReadableDatabase, TableHandle};
 
 use crate::error::{BackupError, StoreError};
+use crate::model::config::Config;
 use crate::model::maintenance::BackedUp;
 use crate::model::replica::Guarantee;
 use crate::storage::{BackupDir, check_backup_destination};
 
 use super::Engine;
+use super::poison::Poison;
 use crate::engine::reads::scan::unpanicked;
+use crate::engine::tables::database::DbSlot;
+use crate::engine::tables::layout::InternalTables;
 use crate::engine::tables::meta;
-use crate::engine::tables::registry::TableOps;
+use crate::engine::tables::registry::{Registry, TableOps};
 
 /// Entries copied, by what they are.
 #[derive(Debug, Default)]
@@ -41,6 +46,19 @@ struct Copied {
     business_rows: u64,
 }
 
+/// What a copy reads: the database and what names its tables. Not the engine: the shipper
+/// holds one to make snapshots (`engine::shipping`), and must be able to make the last one
+/// while the engine closes; it holds nothing that holds the shipper, so no cycle keeps the
+/// store open.
+#[derive(Debug, Clone)]
+pub(in crate::engine) struct Copier {
+    db: Arc<DbSlot>,
+    poison: Arc<Poison>,
+    config: Arc<Config>,
+    registry: Arc<Registry>,
+    tables: InternalTables,
+}
+
 impl Engine {
     /// Copies the store into the new store directory `dest` (see the module doc).
     pub(crate) fn backup(&self, dest: &Path) -> Result<BackedUp, BackupError> {
@@ -48,14 +66,29 @@ impl Engine {
         // Refusals first: a bad destination or an unknown table writes nothing anywhere.
         check_backup_destination(dest)?;
         self.publish_acknowledged()?;
-        let snapshot = self.published_snapshot()?;
-        self.copy_snapshot(snapshot, dest, started)
+        let copier = self.copier();
+        let snapshot = copier.published_snapshot()?;
+        copier
+            .copy_snapshot(snapshot, dest, started)
             .map(|(backed_up, _)| backed_up)
     }
 
+    /// What a copy of this store reads.
+    pub(in crate::engine) fn copier(&self) -> Copier {
+        Copier {
+            db: self.shared.db.clone(),
+            poison: self.shared.poison.clone(),
+            config: self.shared.config.clone(),
+            registry: self.shared.registry.clone(),
+            tables: self.shared.tables,
+        }
+    }
+}
+
+impl Copier {
     /// A redb read transaction on what the writer last published.
     pub(in crate::engine) fn published_snapshot(&self) -> Result<ReadTransaction, StoreError> {
-        Ok(self.shared.db.read(&self.shared.poison)?.begin_read()?)
+        Ok(self.db.read(&self.poison)?.begin_read()?)
     }
 
     /// Copies `snapshot` into the new store directory `dest`, which was checked to be empty;
@@ -69,7 +102,7 @@ impl Engine {
     ) -> Result<(BackedUp, u64), BackupError> {
         let tables = self.tables_to_copy(&snapshot)?;
         let dir = BackupDir::create(dest)?;
-        let db = dir.database(self.shared.config.memory().redb_cache)?;
+        let db = dir.database(self.config.memory().redb_cache)?;
         let copied = unpanicked(|| self.copy(&snapshot, &db, &tables))?;
         drop(snapshot);
         // Read back as an open would: the copy's metadata loads, and names no log segment.
@@ -108,7 +141,7 @@ impl Engine {
         &self,
         snapshot: &ReadTransaction,
     ) -> Result<Vec<&dyn TableOps>, BackupError> {
-        let known: Vec<&dyn TableOps> = self.shared.registry.tables().collect();
+        let known: Vec<&dyn TableOps> = self.registry.tables().collect();
         let plain = snapshot.list_tables()?.map(|t| t.name().to_owned());
         let multimap = snapshot
             .list_multimap_tables()?
@@ -131,11 +164,11 @@ impl Engine {
     ) -> Result<Copied, BackupError> {
         let mut txn = db.begin_write()?;
         txn.set_durability(redb::Durability::Immediate)?;
-        let internal = self.shared.tables;
+        let internal = self.tables;
         let mut copied = Copied::default();
         for table in tables {
             let rows = table.copy(snapshot, &txn)?;
-            let id = self.shared.registry.id(table.name());
+            let id = self.registry.id(table.name());
             let count = match id {
                 Some(id) if id == internal.claims || id == internal.done => &mut copied.records,
                 Some(id) if id == internal.outbox || id == internal.dead_letters => {

@@ -5,13 +5,15 @@
 //! (through the log thread) and a way to make snapshots. A snapshot is a logical copy of a
 //! redb read snapshot, exactly as [`Engine::backup`] makes one, tagged with the last frame it
 //! holds (`meta::applied`); it needs nothing from the writer, so a snapshot can be made while
-//! the writer waits for the replica.
+//! the writer waits for the replica, and nothing from the engine, so the snapshot a closing
+//! store still owes its replica can be made while the engine closes.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::Engine;
+use super::backup::Copier;
 use crate::engine::tables::meta;
 use crate::error::{BackupError, OpenError, StoreError};
 use crate::model::replica::{Shipping, Unreachable, WriterIdentity};
@@ -75,10 +77,9 @@ impl Engine {
         let Some(shipper) = &self.shared.shipper else {
             return Ok(());
         };
-        let engine = Arc::downgrade(self);
+        let copier = self.copier();
         shipper.set_snapshot_maker(Box::new(move |dir: &Path| {
-            let engine = engine.upgrade().ok_or("the store is closing")?;
-            engine.ship_snapshot(dir).map_err(|e| e.to_string())
+            copier.ship_snapshot(dir).map_err(|e| e.to_string())
         }));
         if shipper.mode() == Shipping::Sync(Unreachable::Refuse) {
             shipper
@@ -87,7 +88,9 @@ impl Engine {
         }
         Ok(())
     }
+}
 
+impl Copier {
     /// A snapshot for the replica, made in the new directory `dir`: the database file and
     /// the last frame it holds.
     fn ship_snapshot(&self, dir: &Path) -> Result<(PathBuf, u64), BackupError> {

@@ -7,13 +7,15 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
 use idemstore::testing::{MemoryReplica, ReplicaFault};
 use idemstore::{
-    Begin, ManualClock, OpenError, Response, ShipState, Shipping, Store, StoreError, Takeover,
-    Unreachable,
+    Begin, Guarantee, ManualClock, OpenError, Replica, ReplicaError, Response, ShipState,
+    ShippedFrame, Shipping, Store, StoreError, StreamPosition, Takeover, Unreachable,
+    WriterIdentity,
 };
 
 /// How long a test waits for shipping to reach a state.
@@ -127,6 +129,76 @@ fn async_shipping_restores_every_acknowledged_pair_after_the_box_is_lost() -> Te
     assert_eq!(restored.last_frame, durable);
     assert!(restored.took_over);
     let store = builder(&clock).open(dir.path().join("new"))?;
+    all_replay(&store, &keys)
+}
+
+/// A replica whose first claim waits until the test opens the gate: a store that is still
+/// claiming its stream (or sending the snapshot a new stream begins with) when it is closed.
+struct GatedClaim {
+    inner: MemoryReplica,
+    gate: Arc<(Mutex<bool>, Condvar)>,
+}
+
+impl Replica for GatedClaim {
+    fn claim(&self, me: &WriterIdentity) -> Result<StreamPosition, ReplicaError> {
+        let (open, opened) = &*self.gate;
+        let mut open = open.lock().map_err(|_| ReplicaError::Refused {
+            detail: "gate poisoned".into(),
+        })?;
+        while !*open {
+            open = opened.wait(open).map_err(|_| ReplicaError::Refused {
+                detail: "gate poisoned".into(),
+            })?;
+        }
+        drop(open);
+        self.inner.claim(me)
+    }
+    fn publish(&self, frames: &[ShippedFrame], guarantee: Guarantee) -> Result<(), ReplicaError> {
+        self.inner.publish(frames, guarantee)
+    }
+    fn snapshot(&self, seq: u64, file: &Path, guarantee: Guarantee) -> Result<(), ReplicaError> {
+        self.inner.snapshot(seq, file, guarantee)
+    }
+    fn release(&self, me: &WriterIdentity) -> Result<(), ReplicaError> {
+        self.inner.release(me)
+    }
+}
+
+/// A clean close right after the writes (as a short-lived tool, or a test, does) ships them
+/// even though the stream was not claimed yet when the close began: the close waits for the
+/// claim and the first snapshot, within the acknowledgement limit.
+#[test]
+fn a_store_closed_before_its_stream_is_claimed_ships_its_writes_on_close() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let gated = GatedClaim {
+        inner: replica.handle(),
+        gate: gate.clone(),
+    };
+    let store = builder(&clock)
+        .ship(gated, Shipping::Async)
+        .ship_timeouts(Duration::from_secs(30), Duration::from_secs(30))
+        .open(dir.path().join("old"))?;
+    let keys = keys("c", 20);
+    for key in &keys {
+        pair(&store, key)?;
+    }
+    assert_eq!(state(&store), Some(ShipState::Claiming));
+    // The gate opens once the close has begun; the close must wait for what follows.
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        let (open, opened) = &*gate;
+        if let Ok(mut open) = open.lock() {
+            *open = true;
+        }
+        opened.notify_all();
+    });
+    drop(store);
+    opener.join().map_err(|_| "the gate opener panicked")?;
+
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
     all_replay(&store, &keys)
 }
 

@@ -29,6 +29,7 @@ use crate::metrics;
 use crate::model::backoff::Doubling;
 use crate::model::replica::{ShipState, Shipping, ShippingStats, Unreachable, WriterIdentity};
 
+mod close;
 mod snapshots;
 
 /// How many recent frames the lag quantiles are taken over.
@@ -37,7 +38,9 @@ const LAG_WINDOW: usize = 4096;
 const BATCH_BYTES: u64 = 4 << 20;
 
 /// Makes a snapshot in the (new, empty) directory it is given: a store database holding every
-/// frame up to the returned sequence number. Returns the file and that number.
+/// frame up to the returned sequence number. Returns the file and that number. It holds the
+/// database, never the store's engine: the last snapshot a closing store owes its replica is
+/// made while the engine closes.
 pub(crate) type MakeSnapshot = Box<dyn Fn(&Path) -> Result<(PathBuf, u64), String> + Send + Sync>;
 
 /// The shipper's settings.
@@ -274,29 +277,6 @@ impl Shipper {
             snapshots: state.snapshots,
             last_snapshot: state.last_snapshot,
             overflows: state.overflows,
-        }
-    }
-}
-
-impl Drop for Shipper {
-    fn drop(&mut self) {
-        // A last chance for what is queued, bounded by one time limit, if the replica answers.
-        let healthy = self.inner.state.lock().state == ShipState::Shipping;
-        if healthy {
-            let _ = self.wait_caught_up(self.inner.settings.ack_timeout);
-        }
-        self.inner.state.lock().stopping = true;
-        self.inner.changed.notify_all();
-        let here = std::thread::current().id();
-        for thread in self.threads.drain(..) {
-            // The last handle of the store can go on the snapshot thread (it holds the engine
-            // while it copies): that thread ends on its own once it sees `stopping`.
-            if thread.thread().id() != here {
-                let _ = thread.join();
-            }
-        }
-        if let Err(e) = self.inner.replica.release(&self.inner.settings.me) {
-            tracing::warn!(error = %e, "giving the stream up failed; the next open of this store takes it back");
         }
     }
 }
