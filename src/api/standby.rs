@@ -75,13 +75,9 @@ impl Standby {
     ) -> Result<Standby, RestoreError> {
         let dir = dir.as_ref().to_path_buf();
         let source: Arc<dyn ReplicaSource + Send + Sync> = Arc::new(source);
-        let restored = engine::rebuild(source.as_ref(), &dir, Takeover::No)?;
-        let position = Position {
-            snapshot: restored.snapshot,
-            last: restored.last_frame,
-            guarantee: restored.guarantee,
-            frames: restored.frames,
-        };
+        let started = Instant::now();
+        let position = engine::build(source.as_ref(), &dir)?;
+        engine::finish(source.as_ref(), &dir, position, Takeover::No, started)?;
         let status = StandbyStatus {
             snapshot: position.snapshot,
             last_frame: position.last,

@@ -37,6 +37,9 @@ pub(crate) struct Position {
     pub(crate) guarantee: Guarantee,
     /// Frames written after the snapshot.
     pub(crate) frames: u64,
+    /// Where the log's end marker is, in the restored segment: the next step writes from
+    /// there, over anything a failed step left past it.
+    pub(crate) end: u64,
 }
 
 /// Rebuilds the store at `dest` (absent, or an empty directory) from `source`; with
@@ -91,8 +94,9 @@ pub(crate) fn finish(
     Ok(restored)
 }
 
-/// Builds the store at `dest` beside it and renames it into place.
-fn build(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreError> {
+/// Builds the store at `dest` (absent, or an empty directory) beside it and renames it into
+/// place; says where its log ends. [`finish`] completes a restore.
+pub(crate) fn build(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreError> {
     let dir = BackupDir::create(dest)?;
     let building = dir.path().to_path_buf();
     let db_path = building.join(DB_FILE);
@@ -120,6 +124,7 @@ fn build(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreErr
         last: snapshot.seq,
         guarantee: snapshot.guarantee,
         frames: 0,
+        end: 0,
     };
     append(source, &segment, tail, &mut position)?;
     sync_dir(&wal).map_err(io(&wal))?;
@@ -151,7 +156,8 @@ pub(crate) fn follow(
         .is_some_and(|s| s.seq > position.snapshot);
     if !newer {
         let segment = dest.join(LOG_DIR).join(segment_name(TAIL_SEGMENT));
-        let tail = TailWriter::reopen(&segment, position.last + 1).map_err(io(&segment))?;
+        let tail =
+            TailWriter::reopen(&segment, position.last + 1, position.end).map_err(io(&segment))?;
         let before = position.frames;
         match append(source, &segment, tail, position) {
             Ok(()) => {
@@ -191,7 +197,8 @@ fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreEr
     Ok(position)
 }
 
-/// Appends every frame after `position.last` to the segment, and ends it.
+/// Appends every frame after `position.last` to the segment, and ends it. On an error,
+/// `position` may have counted frames the segment does not end with: the caller drops it.
 fn append(
     source: &dyn ReplicaSource,
     segment: &Path,
@@ -212,7 +219,7 @@ fn append(
     });
     written.map_err(io(segment))?;
     read?;
-    tail.finish().map_err(io(segment))?;
+    position.end = tail.finish().map_err(io(segment))?;
     Ok(())
 }
 

@@ -7,15 +7,16 @@
 use crate::common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
 use idemstore::testing::{MemoryReplica, ReplicaFault};
 use idemstore::{
-    Begin, Guarantee, ManualClock, OpenError, Replica, ReplicaError, Response, ShipState,
-    ShippedFrame, Shipping, Store, StoreError, StreamPosition, Takeover, Unreachable,
-    WriterIdentity,
+    Begin, Guarantee, ManualClock, OpenError, Replica, ReplicaError, ReplicaSource, Response,
+    ShipState, ShippedFrame, Shipping, SnapshotInfo, Store, StoreError, StreamPosition, Takeover,
+    Unreachable, WriterIdentity,
 };
 
 /// How long a test waits for shipping to reach a state.
@@ -517,6 +518,103 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
     lose(primary);
     let took = standby.take_over()?;
     assert!(took.took_over);
+    assert_eq!(took.last_frame, durable);
+    let store = builder(&clock).open(dir.path().join("standby"))?;
+    keys.push("first".into());
+    all_replay(&store, &keys)
+}
+
+/// A source whose next read of frames, once armed, breaks off after `CUT` frames: a link that
+/// fails part way through what a standby step reads.
+struct CutRead {
+    inner: MemoryReplica,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicU64>,
+}
+
+const CUT: u64 = 3;
+
+impl ReplicaSource for CutRead {
+    fn fetch_snapshot(&self, file: &Path) -> Result<Option<SnapshotInfo>, ReplicaError> {
+        self.inner.fetch_snapshot(file)
+    }
+    fn latest_snapshot(&self) -> Result<Option<SnapshotInfo>, ReplicaError> {
+        self.inner.latest_snapshot()
+    }
+    fn frames_after(
+        &self,
+        after: u64,
+        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
+    ) -> Result<u64, ReplicaError> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return self.inner.frames_after(after, each);
+        }
+        // Cut once a frame past the first CUT arrives; a shorter read leaves it armed.
+        let mut passed = 0;
+        self.inner.frames_after(after, &mut |frame, guarantee| {
+            if passed == CUT {
+                self.armed.store(false, Ordering::SeqCst);
+                self.cuts.fetch_add(1, Ordering::SeqCst);
+                return Err(ReplicaError::Unreachable {
+                    detail: "the link broke part way (test)".into(),
+                });
+            }
+            passed += 1;
+            each(frame, guarantee)
+        })
+    }
+    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
+        self.inner.take_over(me, last)
+    }
+}
+
+/// A standby step whose read breaks off part way has written some frames to its log: the next
+/// step goes on from the last frame the standby counted, not from the end of the file, and
+/// the standby's log stays one whole chain that a take-over replays.
+#[test]
+fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let primary = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("primary"))?;
+    pair(&primary, "first")?;
+    until("the first snapshot", || replica.snapshot_seq().is_some())?;
+    let (armed, cuts) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let source = CutRead {
+        inner: replica.handle(),
+        armed: armed.clone(),
+        cuts: cuts.clone(),
+    };
+    let standby =
+        idemstore::Standby::follow(source, dir.path().join("standby"), Duration::from_millis(5))?;
+    let mut keys = keys("k", 20);
+    let (before, after) = keys.split_at(10);
+    for key in before {
+        pair(&primary, key)?;
+    }
+    until("the primary to ship", || caught_up(&primary))?;
+    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    until("the standby to follow", || {
+        standby.status().last_frame == durable
+    })?;
+    // A read breaks off after CUT frames of the ten that follow.
+    let counted = standby.status().last_frame;
+    armed.store(true, Ordering::SeqCst);
+    for key in after {
+        pair(&primary, key)?;
+    }
+    until("the primary to ship", || caught_up(&primary))?;
+    until("a read to break off", || cuts.load(Ordering::SeqCst) == 1)?;
+    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    assert!(durable >= counted + 2 * CUT, "enough frames to cut into");
+    until("the standby to follow past the cut", || {
+        standby.status().last_frame == durable
+    })?;
+    lose(primary);
+    let took = standby.take_over()?;
     assert_eq!(took.last_frame, durable);
     let store = builder(&clock).open(dir.path().join("standby"))?;
     keys.push("first".into());

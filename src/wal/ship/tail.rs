@@ -21,6 +21,8 @@ pub(crate) struct TailWriter {
     next_seq: u64,
     buf: Vec<u8>,
     frames: u64,
+    /// Where the next frame begins (after [`TailWriter::finish`]: where the end marker is).
+    end: u64,
 }
 
 impl TailWriter {
@@ -37,29 +39,34 @@ impl TailWriter {
             next_seq: first_seq,
             buf: Vec::new(),
             frames: 0,
+            end: HEADER_LEN as u64,
         })
     }
 
-    /// Goes on with a segment [`TailWriter::finish`] ended, whose next frame is `next_seq`:
-    /// the next frame overwrites its end marker (a standby following the stream).
-    pub(crate) fn reopen(path: &Path, next_seq: u64) -> io::Result<TailWriter> {
+    /// Goes on with a segment whose last counted frame ends at `end` (the end marker a
+    /// [`TailWriter::finish`] wrote there), next frame `next_seq`: a standby following the
+    /// stream. Whatever lies past `end` (frames of a step that failed part way, which the
+    /// standby never counted) is cut off first, so the segment stays one chain.
+    pub(crate) fn reopen(path: &Path, next_seq: u64, end: u64) -> io::Result<TailWriter> {
         let mut file = OpenOptions::new().read(true).write(true).open(path)?;
         let len = file.metadata()?.len();
-        let end = len
-            .checked_sub(FRAME_HEADER_LEN as u64)
-            .filter(|&end| end >= HEADER_LEN as u64)
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("{} is too short to be a restored log", path.display()),
-                )
-            })?;
+        if end < HEADER_LEN as u64 || end + FRAME_HEADER_LEN as u64 > len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is {len} bytes, too short to be a restored log ending at {end}",
+                    path.display()
+                ),
+            ));
+        }
+        file.set_len(end)?;
         file.seek(SeekFrom::Start(end))?;
         Ok(TailWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             next_seq,
             buf: Vec::new(),
             frames: 0,
+            end,
         })
     }
 
@@ -82,10 +89,12 @@ impl TailWriter {
         self.out.write_all(&self.buf)?;
         self.next_seq += 1;
         self.frames += 1;
+        self.end += self.buf.len() as u64;
         Ok(())
     }
 
-    /// Ends the log (an end marker) and syncs the file. Returns the frames written.
+    /// Ends the log (an end marker) and syncs the file. Returns where the end marker is (what
+    /// [`TailWriter::reopen`] goes on from).
     pub(crate) fn finish(mut self) -> io::Result<u64> {
         self.out.write_all(&[0u8; FRAME_HEADER_LEN])?;
         let file = self
@@ -93,6 +102,6 @@ impl TailWriter {
             .into_inner()
             .map_err(io::IntoInnerError::into_error)?;
         file.sync_all()?;
-        Ok(self.frames)
+        Ok(self.end)
     }
 }
