@@ -11,6 +11,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::engine::{self, Followed, Position};
 use crate::error::RestoreError;
 use crate::model::maintenance::{Restored, Takeover};
+use crate::storage::DirLock;
 use crate::wal::ship::ReplicaSource;
 
 /// Where a [`Standby`] stands.
@@ -35,6 +36,8 @@ struct State {
     position: Position,
     status: StandbyStatus,
     stopping: bool,
+    /// The directory's lock, held while the standby follows (replaced at each rebase).
+    _lock: DirLock,
 }
 
 /// Follows a stream into a store directory that nothing opens meanwhile: the snapshot, then
@@ -43,9 +46,11 @@ struct State {
 /// about as short as the stream's own tail. [`Standby::take_over`] makes it the stream's
 /// writer; open the directory with the application's [`Builder`](crate::Builder) then.
 ///
-/// The directory is a restorable store at every moment (each step syncs before it counts), so
-/// a standby process that dies leaves a store that `Store::restore`-style opening accepts; to
-/// follow again, start a new standby in an empty directory.
+/// The standby holds the directory's lock while it follows, as an open store does: opening the
+/// directory meanwhile is refused with [`OpenError::AlreadyOpen`](crate::OpenError), naming
+/// the standby's process. The directory is a restorable store at every moment (each step
+/// syncs before it counts), so a standby process that dies leaves a store that opens as a
+/// restored one; to follow again, start a new standby in an empty directory.
 pub struct Standby {
     dir: PathBuf,
     source: Arc<dyn ReplicaSource + Send + Sync>,
@@ -76,7 +81,7 @@ impl Standby {
         let dir = dir.as_ref().to_path_buf();
         let source: Arc<dyn ReplicaSource + Send + Sync> = Arc::new(source);
         let started = Instant::now();
-        let position = engine::build(source.as_ref(), &dir)?;
+        let (position, lock) = engine::build(source.as_ref(), &dir, engine::lock)?;
         engine::finish(source.as_ref(), &dir, position, Takeover::No, started)?;
         let status = StandbyStatus {
             snapshot: position.snapshot,
@@ -91,6 +96,7 @@ impl Standby {
                 position,
                 status,
                 stopping: false,
+                _lock: lock,
             }),
             Condvar::new(),
         ));
@@ -129,7 +135,8 @@ impl Standby {
         let started = Instant::now();
         self.stop();
         let mut position = self.state.0.lock().position;
-        engine::follow(self.source.as_ref(), &self.dir, &mut position)?;
+        // A rebase's new directory stays locked until the take-over is done.
+        let _rebased = engine::follow(self.source.as_ref(), &self.dir, &mut position)?;
         engine::finish(
             self.source.as_ref(),
             &self.dir,
@@ -184,8 +191,9 @@ fn run(
                 status.tail_frames = position.frames;
                 status.caught_up_at = Instant::now();
                 status.last_error = None;
-                if followed == Followed::Rebased {
+                if let Followed::Rebased(lock) = followed {
                     status.rebases += 1;
+                    guard._lock = lock;
                 }
             }
             Err(e) => {

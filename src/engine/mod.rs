@@ -38,7 +38,7 @@ mod upkeep;
 mod watchers;
 mod writer;
 
-pub(crate) use self::rebuild::{Followed, Position, build, finish, follow, rebuild};
+pub(crate) use self::rebuild::{Followed, Position, build, finish, follow, lock, rebuild};
 pub(crate) use self::requests::Request;
 pub(crate) use self::requests::answers::{
     CommitRefusal, ForgetRefusal, Held, Refusal, UserFailure,

@@ -22,7 +22,9 @@ use crate::engine::tables::meta;
 use crate::error::{ReplicaError, RestoreError};
 use crate::model::maintenance::{Restored, Takeover};
 use crate::model::replica::{Guarantee, WriterIdentity};
-use crate::storage::{BackupDir, DB_FILE, LOG_DIR, create_private, create_private_dir, sync_dir};
+use crate::storage::{
+    BackupDir, DB_FILE, DirLock, LOG_DIR, create_private, create_private_dir, sync_dir,
+};
 use crate::wal::segment_name;
 use crate::wal::ship::{ReplicaSource, TAIL_SEGMENT, TailWriter};
 
@@ -50,7 +52,7 @@ pub(crate) fn rebuild(
     takeover: Takeover,
 ) -> Result<Restored, RestoreError> {
     let started = Instant::now();
-    let position = build(source, dest)?;
+    let (position, ()) = build(source, dest, |_| Ok(()))?;
     finish(source, dest, position, takeover, started)
 }
 
@@ -95,8 +97,14 @@ pub(crate) fn finish(
 }
 
 /// Builds the store at `dest` (absent, or an empty directory) beside it and renames it into
-/// place; says where its log ends. [`finish`] completes a restore.
-pub(crate) fn build(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreError> {
+/// place; says where its log ends. `before_place` runs on the finished directory just before
+/// it is renamed (a standby takes the directory's lock there, so that it holds it from the
+/// moment the store is at `dest`). [`finish`] completes a restore.
+pub(crate) fn build<T>(
+    source: &dyn ReplicaSource,
+    dest: &Path,
+    before_place: impl FnOnce(&Path) -> Result<T, RestoreError>,
+) -> Result<(Position, T), RestoreError> {
     let dir = BackupDir::create(dest)?;
     let building = dir.path().to_path_buf();
     let db_path = building.join(DB_FILE);
@@ -129,18 +137,19 @@ pub(crate) fn build(source: &dyn ReplicaSource, dest: &Path) -> Result<Position,
     append(source, &segment, tail, &mut position)?;
     sync_dir(&wal).map_err(io(&wal))?;
     mark(&db, position)?;
+    let held = before_place(&building)?;
     dir.place(db)?;
-    Ok(position)
+    Ok((position, held))
 }
 
 /// What one step of a standby did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Followed {
     /// New frames (perhaps none) were appended to the log.
-    Appended(u64),
+    Appended,
     /// The stream has a newer snapshot (or was trimmed past this store): the store was built
-    /// again from it.
-    Rebased,
+    /// again from it, and this is the lock of its new directory (the old one's is let go).
+    Rebased(DirLock),
 }
 
 /// One step of a standby: the frames the stream holds after `position`, appended to the log
@@ -167,19 +176,20 @@ pub(crate) fn follow(
                         .map_err(|e| RestoreError::Meta(std::sync::Arc::new(e.into())))?;
                     mark(&db, *position)?;
                 }
-                return Ok(Followed::Appended(position.frames - before));
+                return Ok(Followed::Appended);
             }
             // Trimmed past this store: only a newer snapshot can bring it up to date.
             Err(RestoreError::Replica(ReplicaError::Corrupt { .. })) => {}
             Err(e) => return Err(e),
         }
     }
-    *position = rebase(source, dest)?;
-    Ok(Followed::Rebased)
+    let (rebased, lock) = rebase(source, dest)?;
+    *position = rebased;
+    Ok(Followed::Rebased(lock))
 }
 
-/// Builds the store again beside `dest`, then swaps it in.
-fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreError> {
+/// Builds the store again beside `dest`, locked, then swaps it in.
+fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<(Position, DirLock), RestoreError> {
     let parent = crate::storage::parent_of(dest);
     let name = dest
         .file_name()
@@ -189,12 +199,21 @@ fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<Position, RestoreEr
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&fresh);
     let _ = std::fs::remove_dir_all(&old);
-    let position = build(source, &fresh)?;
+    let (position, lock) = build(source, &fresh, lock)?;
     std::fs::rename(dest, &old).map_err(io(dest))?;
     std::fs::rename(&fresh, dest).map_err(io(dest))?;
     sync_dir(parent).map_err(io(parent))?;
     let _ = std::fs::remove_dir_all(&old);
-    Ok(position)
+    Ok((position, lock))
+}
+
+/// Takes the lock of the store directory `dir`, as a store's open does: while a standby
+/// follows into it, an open of the directory is refused, naming the standby's process.
+pub(crate) fn lock(dir: &Path) -> Result<DirLock, RestoreError> {
+    DirLock::acquire(dir).map_err(|e| RestoreError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::other(e.to_string()),
+    })
 }
 
 /// Appends every frame after `position.last` to the segment, and ends it. On an error,

@@ -34,7 +34,8 @@ pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
 pub(crate) use fs::{create_private, create_private_dir, parent_of, sync_dir};
-use lock::{DirLock, LOCK_FILE};
+pub(crate) use lock::DirLock;
+use lock::LOCK_FILE;
 #[cfg(feature = "cli")]
 pub(crate) use lock::{SharedLock, SharedLockError};
 #[cfg(feature = "cli")]

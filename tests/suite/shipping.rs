@@ -481,6 +481,22 @@ fn shipping_needs_the_log() {
     ));
 }
 
+/// An open of a directory a standby follows into is refused, naming this process, and
+/// changes nothing there.
+fn refused_while_followed(dir: &Path, clock: &ManualClock) -> TestResult {
+    match builder(clock).open(dir) {
+        Err(OpenError::AlreadyOpen { holder, .. }) => {
+            assert!(
+                matches!(holder, idemstore::Holder::Process { pid, .. } if pid == std::process::id()),
+                "{holder:?}"
+            );
+            Ok(())
+        }
+        Err(other) => Err(format!("expected AlreadyOpen, got {other}").into()),
+        Ok(_) => Err("a store opened the directory a standby follows into".into()),
+    }
+}
+
 #[test]
 fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult {
     let dir = tempfile::tempdir()?;
@@ -496,6 +512,7 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
         dir.path().join("standby"),
         Duration::from_millis(5),
     )?;
+    refused_while_followed(&dir.path().join("standby"), &clock)?;
     let body = common::incompressible(4 << 10);
     let mut keys = keys("s", 100);
     for key in &keys {
@@ -515,6 +532,8 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
         status.tail_frames < durable - 1,
         "the tail is shorter than the whole log: {status:?}"
     );
+    // The rebuilt directory is locked too.
+    refused_while_followed(&dir.path().join("standby"), &clock)?;
     lose(primary);
     let took = standby.take_over()?;
     assert!(took.took_over);
