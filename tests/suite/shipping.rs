@@ -203,6 +203,67 @@ fn a_store_closed_before_its_stream_is_claimed_ships_its_writes_on_close() -> Te
     all_replay(&store, &keys)
 }
 
+/// Keys as users send them (random UUIDs), over more than a whole TTL, with eviction running
+/// in bounded passes and snapshots taken meanwhile: the restored store holds exactly what the
+/// lost one held, record for record (the live ones, and none of the evicted ones).
+#[test]
+fn random_keys_over_a_ttl_with_eviction_restore_record_for_record() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let primary = shipping(&clock, &replica, Shipping::Async)
+        .ship_snapshot_bytes(64 << 10)
+        .open(dir.path().join("old"))?;
+    let body = common::incompressible(1 << 10);
+    let mut rng = idemstore::testing::Rng::new(31);
+    let mut keys = Vec::new();
+    let (mut evicted, mut passes) = (0, 0);
+    for _ in 0..8 {
+        for _ in 0..150 {
+            let (a, b) = (rng.next_u64(), rng.next_u64());
+            let key = format!(
+                "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+                a >> 32,
+                (a >> 16) & 0xffff,
+                a & 0xfff,
+                (b >> 48) | 0x8000,
+                b & 0xffff_ffff_ffff
+            );
+            pair_with(&primary, &key, &body)?;
+            keys.push(key);
+        }
+        clock.advance(common::TTL / 3);
+        loop {
+            let pass = primary.evict_expired(64)?;
+            passes += 1;
+            evicted += pass.removed;
+            if pass.backlog == idemstore::Backlog::Empty {
+                break;
+            }
+        }
+    }
+    until("the replica to hold every frame", || caught_up(&primary))?;
+    let snapshots = primary.stats()?.shipping.ok_or("no stats")?.snapshots;
+    let expected: Vec<_> = keys
+        .iter()
+        .map(|key| primary.get(&scope(key)))
+        .collect::<Result<_, _>>()?;
+    let live = expected.iter().filter(|r| r.is_some()).count();
+    assert!(evicted > 0 && live > 0, "{evicted} evicted, {live} live");
+    assert!(passes > 8, "bounded passes: {passes}");
+    assert!(
+        snapshots >= 2,
+        "snapshots taken while evicting: {snapshots}"
+    );
+    lose(primary);
+
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    for (key, want) in keys.iter().zip(&expected) {
+        assert_eq!(&store.get(&scope(key))?, want, "{key}");
+    }
+    Ok(())
+}
+
 #[test]
 fn a_synchronous_store_refuses_writes_while_the_replica_is_down_and_resumes_after() -> TestResult {
     let dir = tempfile::tempdir()?;
