@@ -54,6 +54,8 @@ pub(crate) const SHIP_FRAMES: &str = "idemstore_ship_frames_total";
 pub(crate) const SHIP_ALERT: &str = "idemstore_ship_alert";
 /// Log shipping: snapshots sent.
 pub(crate) const SHIP_SNAPSHOTS: &str = "idemstore_ship_snapshots_total";
+/// Log shipping: snapshots that could not be made or sent (each is tried again).
+pub(crate) const SHIP_SNAPSHOT_FAILURES: &str = "idemstore_ship_snapshot_failures_total";
 
 /// Counts a `begin` answer and its latency. `outcome` is one of six fixed names; `tenant` is
 /// `Some` only when the user opted in (`MetricLabels::WithTenant`).

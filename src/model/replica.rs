@@ -201,4 +201,10 @@ pub struct ShippingStats {
     pub last_snapshot: Option<u64>,
     /// Times the queue of unshipped frames outgrew its bound and was replaced by a snapshot.
     pub overflows: u64,
+    /// Snapshots that could not be made here (a full disk) or sent since open; each is tried
+    /// again. A snapshot made here failing leaves frames shipping: only a stream that needs
+    /// one to go on (`CatchingUp`) waits for it.
+    pub snapshot_failures: u64,
+    /// Why the last snapshot failed, until one succeeds.
+    pub snapshot_error: Option<String>,
 }

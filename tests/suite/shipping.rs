@@ -264,6 +264,58 @@ fn random_keys_over_a_ttl_with_eviction_restore_record_for_record() -> TestResul
     Ok(())
 }
 
+/// A snapshot that cannot be made here (its directory cannot be written: a full disk, here a
+/// file in its way) is not the replica's fault: a synchronous store that refuses while the
+/// replica is away goes on taking writes, frames go on shipping, the failure is counted and
+/// named, and the snapshot is made once the way is clear.
+#[test]
+fn a_snapshot_that_cannot_be_made_here_does_not_stop_a_synchronous_store() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let path = dir.path().join("old");
+    let store = shipping(&clock, &replica, Shipping::Sync(Unreachable::Refuse))
+        .ship_snapshot_bytes(64 << 10)
+        .open(&path)?;
+    pair(&store, "first")?;
+    until("the first snapshot", || caught_up(&store))?;
+    let stats = |store: &Store| store.stats().ok().and_then(|s| s.shipping);
+    let before = stats(&store).ok_or("no stats")?.snapshots;
+    // The snapshot's directory cannot be made while a file stands where it goes.
+    let blocker = path.join("ship-snapshot");
+    std::fs::write(&blocker, b"in the way")?;
+    let body = common::incompressible(4 << 10);
+    let mut keys = vec!["first".to_owned()];
+    for i in 0.. {
+        let key = format!("w-{i}");
+        pair_with(&store, &key, &body)?;
+        keys.push(key);
+        if stats(&store).is_some_and(|s| s.snapshot_failures > 0) || i == 400 {
+            break;
+        }
+    }
+    let failing = stats(&store).ok_or("no stats")?;
+    assert!(failing.snapshot_failures > 0, "{failing:?}");
+    let error = failing.snapshot_error.clone().unwrap_or_default();
+    assert!(error.contains("ship-snapshot"), "{error}");
+    // Writes go on, each acknowledged by the replica.
+    for i in 0..20 {
+        let key = format!("after-{i}");
+        pair_with(&store, &key, &body)?;
+        keys.push(key);
+        let now = stats(&store).ok_or("no stats")?;
+        assert_eq!(now.state, ShipState::Shipping, "{now:?}");
+        assert_eq!(now.lag_frames, 0, "{now:?}");
+    }
+    std::fs::remove_file(&blocker)?;
+    until("the snapshot to be made", || {
+        stats(&store).is_some_and(|s| s.snapshots > before && s.snapshot_error.is_none())
+    })?;
+    lose(store);
+    let store = restore(&replica, &dir.path().join("new"), &clock)?;
+    all_replay(&store, &keys)
+}
+
 #[test]
 fn a_synchronous_store_refuses_writes_while_the_replica_is_down_and_resumes_after() -> TestResult {
     let dir = tempfile::tempdir()?;

@@ -180,6 +180,8 @@ fn shipping(shipping: &ShippingStats) -> Value {
         "snapshots": shipping.snapshots,
         "last_snapshot": shipping.last_snapshot,
         "overflows": shipping.overflows,
+        "snapshot_failures": shipping.snapshot_failures,
+        "snapshot_error": shipping.snapshot_error,
     })
 }
 

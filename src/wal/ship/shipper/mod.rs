@@ -92,6 +92,8 @@ struct State {
     frames_shipped: u64,
     snapshots: u64,
     overflows: u64,
+    snapshot_failures: u64,
+    snapshot_error: Option<String>,
     stopping: bool,
 }
 
@@ -142,6 +144,8 @@ impl Shipper {
                 frames_shipped: 0,
                 snapshots: 0,
                 overflows: 0,
+                snapshot_failures: 0,
+                snapshot_error: None,
                 stopping: false,
             }),
             changed: Condvar::new(),
@@ -277,6 +281,8 @@ impl Shipper {
             snapshots: state.snapshots,
             last_snapshot: state.last_snapshot,
             overflows: state.overflows,
+            snapshot_failures: state.snapshot_failures,
+            snapshot_error: state.snapshot_error.clone(),
         }
     }
 }

@@ -6,6 +6,15 @@ use super::{Inner, ShipState};
 use crate::error::ReplicaError;
 use crate::metrics;
 
+/// Why a snapshot did not reach the replica.
+enum SnapshotFailure {
+    /// It could not be made here (the disk is full, the database cannot be read): the replica
+    /// is not at fault, and frames go on shipping.
+    Here(String),
+    /// The replica did not take it.
+    Replica(ReplicaError),
+}
+
 impl Inner {
     /// Makes and sends snapshots when one is needed (catching up) or due (a long tail).
     pub(super) fn run_snapshots(&self) {
@@ -30,9 +39,8 @@ impl Inner {
             }
             match self.snapshot() {
                 Ok(()) => failures = 0,
-                Err(e) => {
-                    tracing::warn!(error = %e, "a snapshot for the replica failed; trying again");
-                    self.failed(&e);
+                Err(failure) => {
+                    self.snapshot_failed(&failure);
                     failures += 1;
                     if !self.pause(self.backoff().spread_after(failures)) {
                         return;
@@ -42,17 +50,18 @@ impl Inner {
         }
     }
 
-    fn snapshot(&self) -> Result<(), ReplicaError> {
+    fn snapshot(&self) -> Result<(), SnapshotFailure> {
+        let dir = &self.settings.snapshot_dir;
+        let local = |what: &str, e: &dyn std::fmt::Display| {
+            SnapshotFailure::Here(format!(
+                "making a snapshot ({what}, {}): {e}",
+                dir.display()
+            ))
+        };
         let make = self
             .make_snapshot
             .get()
-            .ok_or_else(|| ReplicaError::Refused {
-                detail: "no snapshot maker".into(),
-            })?;
-        let dir = &self.settings.snapshot_dir;
-        let local = |what: &str, e: &dyn std::fmt::Display| ReplicaError::Refused {
-            detail: format!("making a snapshot ({what}, {}): {e}", dir.display()),
-        };
+            .ok_or_else(|| local("starting", &"no snapshot maker"))?;
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| local("removing an old one", &e))?;
         }
@@ -62,8 +71,9 @@ impl Inner {
             .replica
             .snapshot(seq, &file, self.settings.mode.guarantee());
         let _ = std::fs::remove_dir_all(dir);
-        sent?;
+        sent.map_err(SnapshotFailure::Replica)?;
         let mut state = self.state.lock();
+        state.snapshot_error = None;
         state.snapshots += 1;
         state.last_snapshot = Some(seq);
         state.last_snapshot_bytes = bytes;
@@ -92,5 +102,31 @@ impl Inner {
         drop(state);
         self.changed.notify_all();
         Ok(())
+    }
+
+    /// Counts a failed snapshot. A replica's failure is the replica's state (as for frames);
+    /// one made here changes nothing of it, except that a stream waiting for this snapshot
+    /// (`CatchingUp`) says why it still waits.
+    fn snapshot_failed(&self, failure: &SnapshotFailure) {
+        metrics::count(metrics::SHIP_SNAPSHOT_FAILURES, 1);
+        let detail = match failure {
+            SnapshotFailure::Replica(e) => e.to_string(),
+            SnapshotFailure::Here(detail) => detail.clone(),
+        };
+        tracing::warn!(error = %detail, "a snapshot for the replica failed; trying again");
+        {
+            let mut state = self.state.lock();
+            state.snapshot_failures += 1;
+            state.snapshot_error = Some(detail.clone());
+            if let SnapshotFailure::Here(_) = failure
+                && state.needs_snapshot
+                && state.state == ShipState::CatchingUp
+            {
+                state.last_error = Some(ReplicaError::Refused { detail });
+            }
+        }
+        if let SnapshotFailure::Replica(e) = failure {
+            self.failed(e);
+        }
     }
 }
