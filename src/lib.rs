@@ -124,7 +124,9 @@ pub mod testing;
 mod wal;
 
 pub use api::outbox::INBOX_OPERATION;
-pub use api::{Begin, Builder, Claim, CommitError, Error, Standby, StandbyStatus, Store};
+pub use api::{
+    Begin, Builder, Claim, CommitError, Error, Standby, StandbyStatus, Store, TakeOverError,
+};
 pub use engine::{OwnedValue, ReadTx, Tx};
 #[cfg(feature = "postgres")]
 pub use error::PgOpenError;

@@ -19,5 +19,5 @@ pub(crate) mod store;
 pub use any_error::Error;
 pub use builder::Builder;
 pub use claim::{Begin, Claim, CommitError};
-pub use standby::{Standby, StandbyStatus};
+pub use standby::{Standby, StandbyStatus, TakeOverError};
 pub use store::Store;

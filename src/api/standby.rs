@@ -55,7 +55,34 @@ pub struct Standby {
     dir: PathBuf,
     source: Arc<dyn ReplicaSource + Send + Sync>,
     state: Arc<(Mutex<State>, Condvar)>,
+    poll: Duration,
     thread: Option<JoinHandle<()>>,
+}
+
+/// A take-over that did not happen: why, and the standby, following the stream again (its
+/// directory as it was), so the take-over can be tried again.
+#[derive(Debug)]
+pub struct TakeOverError {
+    /// Why the take-over failed.
+    pub error: RestoreError,
+    /// The standby, following again.
+    pub standby: Standby,
+}
+
+impl std::fmt::Display for TakeOverError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the standby did not take the stream over: {}; it follows the stream again, and take_over can be tried again",
+            self.error
+        )
+    }
+}
+
+impl std::error::Error for TakeOverError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
 }
 
 impl std::fmt::Debug for Standby {
@@ -100,22 +127,19 @@ impl Standby {
             }),
             Condvar::new(),
         ));
-        let thread = {
-            let (source, state, dir) = (source.clone(), state.clone(), dir.clone());
-            std::thread::Builder::new()
-                .name("idemstore-standby".into())
-                .spawn(move || run(source.as_ref(), &dir, &state, poll))
-                .map_err(|source| RestoreError::Io {
-                    path: PathBuf::new(),
-                    source,
-                })?
-        };
-        Ok(Standby {
-            dir,
+        let mut standby = Standby {
+            dir: dir.clone(),
             source,
             state,
-            thread: Some(thread),
-        })
+            poll,
+            thread: None,
+        };
+        if let Err(e) = standby.start() {
+            drop(standby);
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        Ok(standby)
     }
 
     /// Where the standby stands now.
@@ -126,17 +150,35 @@ impl Standby {
     /// Stops following, takes in the frames shipped since the last poll, and makes the
     /// standby the stream's writer (the old one is fenced off from then on). Open the
     /// directory with the application's `Builder` (and `Builder::ship` to the same stream)
-    /// next: its first open replays the tail.
+    /// next: its first open replays the tail. The directory stays locked until this returns.
     ///
     /// # Errors
-    /// [`RestoreError`]: the stream could not be read, or it moved on while the take-over ran
-    /// (the old store still ships: stop it, then take over again).
-    pub fn take_over(mut self) -> Result<Restored, RestoreError> {
+    /// [`TakeOverError`], which gives the standby back, following again with its directory as
+    /// it was: the stream could not be read, or it moved on while the take-over ran (the old
+    /// store still ships: stop it, then take over again).
+    pub fn take_over(mut self) -> Result<Restored, Box<TakeOverError>> {
         let started = Instant::now();
         self.stop();
+        let taken = self.try_take_over(started);
+        match taken {
+            Ok(restored) => Ok(restored),
+            Err(error) => {
+                tracing::warn!(error = %error, "the standby did not take the stream over; it follows again");
+                if let Err(e) = self.start() {
+                    self.state.0.lock().status.last_error = Some(e.to_string());
+                }
+                Err(Box::new(TakeOverError {
+                    error,
+                    standby: self,
+                }))
+            }
+        }
+    }
+
+    fn try_take_over(&mut self, started: Instant) -> Result<Restored, RestoreError> {
         let mut position = self.state.0.lock().position;
-        // A rebase's new directory stays locked until the take-over is done.
-        let _rebased = engine::follow(self.source.as_ref(), &self.dir, &mut position)?;
+        let followed = engine::follow(self.source.as_ref(), &self.dir, &mut position);
+        stepped(&mut self.state.0.lock(), position, followed)?;
         engine::finish(
             self.source.as_ref(),
             &self.dir,
@@ -144,6 +186,26 @@ impl Standby {
             Takeover::Yes,
             started,
         )
+    }
+
+    /// Starts the thread that follows the stream.
+    fn start(&mut self) -> Result<(), RestoreError> {
+        self.state.0.lock().stopping = false;
+        let (source, state, dir, poll) = (
+            self.source.clone(),
+            self.state.clone(),
+            self.dir.clone(),
+            self.poll,
+        );
+        let thread = std::thread::Builder::new()
+            .name("idemstore-standby".into())
+            .spawn(move || run(source.as_ref(), &dir, &state, poll))
+            .map_err(|source| RestoreError::Io {
+                path: PathBuf::new(),
+                source,
+            })?;
+        self.thread = Some(thread);
+        Ok(())
     }
 
     fn stop(&mut self) {
@@ -180,26 +242,38 @@ fn run(
             }
             guard.position
         };
-        let stepped = engine::follow(source, dir, &mut position);
-        let mut guard = state.0.lock();
-        match stepped {
-            Ok(followed) => {
-                guard.position = position;
-                let status = &mut guard.status;
-                status.snapshot = position.snapshot;
-                status.last_frame = position.last;
-                status.tail_frames = position.frames;
-                status.caught_up_at = Instant::now();
-                status.last_error = None;
-                if let Followed::Rebased(lock) = followed {
-                    status.rebases += 1;
-                    guard._lock = lock;
-                }
+        let followed = engine::follow(source, dir, &mut position);
+        if let Err(e) = stepped(&mut state.0.lock(), position, followed) {
+            tracing::warn!(error = %e, "the standby could not follow the stream; trying again");
+        }
+    }
+}
+
+/// Records what a step did: its new position (and a rebase's lock) when it succeeded, its
+/// error when it failed (the position stays: the next step goes on from it).
+fn stepped(
+    state: &mut State,
+    position: Position,
+    followed: Result<Followed, RestoreError>,
+) -> Result<(), RestoreError> {
+    match followed {
+        Ok(followed) => {
+            state.position = position;
+            let status = &mut state.status;
+            status.snapshot = position.snapshot;
+            status.last_frame = position.last;
+            status.tail_frames = position.frames;
+            status.caught_up_at = Instant::now();
+            status.last_error = None;
+            if let Followed::Rebased(lock) = followed {
+                status.rebases += 1;
+                state._lock = lock;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "the standby could not follow the stream; trying again");
-                guard.status.last_error = Some(e.to_string());
-            }
+            Ok(())
+        }
+        Err(e) => {
+            state.status.last_error = Some(e.to_string());
+            Err(e)
         }
     }
 }

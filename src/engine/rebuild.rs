@@ -23,7 +23,7 @@ use crate::error::{ReplicaError, RestoreError};
 use crate::model::maintenance::{Restored, Takeover};
 use crate::model::replica::{Guarantee, WriterIdentity};
 use crate::storage::{
-    BackupDir, DB_FILE, DirLock, LOG_DIR, create_private, create_private_dir, sync_dir,
+    BackupDir, DB_FILE, DirLock, LOG_DIR, create_private, create_private_dir, swap_in_dir, sync_dir,
 };
 use crate::wal::segment_name;
 use crate::wal::ship::{ReplicaSource, TAIL_SEGMENT, TailWriter};
@@ -53,11 +53,14 @@ pub(crate) fn rebuild(
 ) -> Result<Restored, RestoreError> {
     let started = Instant::now();
     let (position, ()) = build(source, dest, |_| Ok(()))?;
-    finish(source, dest, position, takeover, started)
+    // A refused take-over leaves nothing at `dest`: a restore is all or nothing.
+    finish(source, dest, position, takeover, started).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(dest);
+    })
 }
 
 /// Makes the rebuilt store at `dest` the stream's writer if asked, and says what it holds.
-/// A refused take-over removes the store again: nothing is left at `dest`.
+/// A refused take-over leaves `dest` as it is (a standby goes on following it).
 pub(crate) fn finish(
     source: &dyn ReplicaSource,
     dest: &Path,
@@ -67,10 +70,7 @@ pub(crate) fn finish(
 ) -> Result<Restored, RestoreError> {
     let took_over = match takeover {
         Takeover::Yes => {
-            if let Err(e) = source.take_over(&WriterIdentity::this_process(dest), position.last) {
-                let _ = std::fs::remove_dir_all(dest);
-                return Err(e.into());
-            }
+            source.take_over(&WriterIdentity::this_process(dest), position.last)?;
             true
         }
         Takeover::No => false,
@@ -188,7 +188,8 @@ pub(crate) fn follow(
     Ok(Followed::Rebased(lock))
 }
 
-/// Builds the store again beside `dest`, locked, then swaps it in.
+/// Builds the store again beside `dest`, locked, then swaps it in (in one step where the
+/// system can: `storage::swap_in_dir`), so that `dest` is always a locked store.
 fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<(Position, DirLock), RestoreError> {
     let parent = crate::storage::parent_of(dest);
     let name = dest
@@ -200,10 +201,8 @@ fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<(Position, DirLock)
     let _ = std::fs::remove_dir_all(&fresh);
     let _ = std::fs::remove_dir_all(&old);
     let (position, lock) = build(source, &fresh, lock)?;
-    std::fs::rename(dest, &old).map_err(io(dest))?;
-    std::fs::rename(&fresh, dest).map_err(io(dest))?;
-    sync_dir(parent).map_err(io(parent))?;
-    let _ = std::fs::remove_dir_all(&old);
+    let replaced = swap_in_dir(dest, &fresh, &old).map_err(io(dest))?;
+    let _ = std::fs::remove_dir_all(replaced);
     Ok((position, lock))
 }
 

@@ -120,3 +120,29 @@ pub(crate) fn loose_mode(path: &Path) -> io::Result<Option<u32>> {
         Ok(None)
     }
 }
+
+/// Puts the directory `fresh` at `dest` (a directory), and returns where the old `dest` went.
+/// On Linux the two are exchanged in one step (`renameat2(RENAME_EXCHANGE)`), so `dest` is
+/// never absent and the old one ends at `fresh`. Elsewhere, or on a file system that cannot
+/// exchange, the old one is renamed to `aside` first and `fresh` to `dest` after: for that
+/// moment `dest` is absent. The parent is synced either way.
+pub(crate) fn swap_in_dir(dest: &Path, fresh: &Path, aside: &Path) -> io::Result<PathBuf> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{CWD, RenameFlags, renameat_with};
+        use rustix::io::Errno;
+        match renameat_with(CWD, fresh, CWD, dest, RenameFlags::EXCHANGE) {
+            Ok(()) => {
+                sync_dir(parent_of(dest))?;
+                return Ok(fresh.to_path_buf());
+            }
+            // Not this file system, or an old kernel: the two-step way below.
+            Err(Errno::INVAL | Errno::NOSYS | Errno::NOTSUP) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    std::fs::rename(dest, aside)?;
+    std::fs::rename(fresh, dest)?;
+    sync_dir(parent_of(dest))?;
+    Ok(aside.to_path_buf())
+}

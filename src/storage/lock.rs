@@ -8,6 +8,10 @@
 //! database is opened and let go only when the last handle of the store's storage is dropped,
 //! after the database.
 //!
+//! A lock is taken only once the file locked is still the one the path names: a standby swaps
+//! a rebuilt directory in, and an opener may hold the old directory's lock file, which the
+//! standby lets go of as it removes it.
+//!
 //! The holder writes its pid and executable name into the file, for the error the next opener
 //! gets. The lock is what counts: a file a crash left behind, with no lock held, names nobody.
 //! The `idemstore` tool's read commands (feature `cli`) lock the same file shared and record
@@ -46,16 +50,33 @@ impl DirLock {
             path: path.clone(),
             source,
         };
-        let file = open_or_create(&path).map_err(io)?;
-        match for_a_moment(|| file.try_lock()) {
-            Ok(()) => {}
-            Err(TryLockError::WouldBlock) => {
-                return Err(OpenError::AlreadyOpen {
-                    path: dir.to_path_buf(),
-                    holder: holder(&file),
-                });
+        let mut file = open_or_create(&path).map_err(io)?;
+        let mut swaps = 0;
+        loop {
+            match for_a_moment(|| file.try_lock()) {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    return Err(OpenError::AlreadyOpen {
+                        path: dir.to_path_buf(),
+                        holder: holder(&file),
+                    });
+                }
+                Err(TryLockError::Error(e)) => return Err(io(e)),
             }
-            Err(TryLockError::Error(e)) => return Err(io(e)),
+            // The lock counts only if the file locked is still the one the path names: a
+            // standby swaps a rebuilt directory in (`engine::rebuild`), and the file opened a
+            // moment before may be the old directory's, let go of as it is removed.
+            if still_named(&file, &path) {
+                break;
+            }
+            if swaps == LOCK_WAITS_MS.len() {
+                return Err(io(io::Error::other(
+                    "the lock file was replaced each time it was locked: something keeps swapping the directory (a standby following into it?)",
+                )));
+            }
+            swaps += 1;
+            drop(file);
+            file = open_or_create(&path).map_err(io)?;
         }
         // The record only names the holder in messages: a store that cannot write it (a full
         // disk) still opens.
@@ -91,6 +112,21 @@ fn for_a_moment(lock: impl Fn() -> Result<(), TryLockError>) -> Result<(), TryLo
         }
     }
     lock()
+}
+
+/// Whether `path` names the open file `file` (the same file, not one put in its place).
+#[cfg(unix)]
+fn still_named(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(open), Ok(named)) => open.dev() == named.dev() && open.ino() == named.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn still_named(_file: &File, _path: &Path) -> bool {
+    true
 }
 
 /// Opens the lock file, creating it `0600` if absent. Its directory entry is not synced: a

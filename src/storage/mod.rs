@@ -33,7 +33,7 @@ pub(crate) use backup::{BackupDir, check_backup_destination};
 pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
-pub(crate) use fs::{create_private, create_private_dir, parent_of, sync_dir};
+pub(crate) use fs::{create_private, create_private_dir, parent_of, swap_in_dir, sync_dir};
 pub(crate) use lock::DirLock;
 use lock::LOCK_FILE;
 #[cfg(feature = "cli")]

@@ -626,6 +626,20 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
         Duration::from_millis(5),
     )?;
     refused_while_followed(&dir.path().join("standby"), &clock)?;
+    // Opens race the standby's rebases for the directory: every one is refused, even while a
+    // rebuilt directory is swapped in.
+    let racing = Arc::new(AtomicBool::new(true));
+    let racer = {
+        let (racing, path, clock) = (racing.clone(), dir.path().join("standby"), clock.clone());
+        std::thread::spawn(move || {
+            let mut tries = 0u64;
+            while racing.load(Ordering::SeqCst) {
+                refused_while_followed(&path, &clock).map_err(|e| e.to_string())?;
+                tries += 1;
+            }
+            Ok::<u64, String>(tries)
+        })
+    };
     let body = common::incompressible(4 << 10);
     let mut keys = keys("s", 100);
     for key in &keys {
@@ -645,8 +659,9 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
         status.tail_frames < durable - 1,
         "the tail is shorter than the whole log: {status:?}"
     );
-    // The rebuilt directory is locked too.
-    refused_while_followed(&dir.path().join("standby"), &clock)?;
+    racing.store(false, Ordering::SeqCst);
+    let tries = racer.join().map_err(|_| "the racer panicked")??;
+    assert!(tries > 0);
     lose(primary);
     let took = standby.take_over()?;
     assert!(took.took_over);
@@ -749,6 +764,93 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     let took = standby.take_over()?;
     assert_eq!(took.last_frame, durable);
     let store = builder(&clock).open(dir.path().join("standby"))?;
+    keys.push("first".into());
+    all_replay(&store, &keys)
+}
+
+/// A source whose take-overs are refused as `Moved` while `moving` is set: the old store still
+/// ships (a box cut off from its clients, not from NATS).
+struct StillShipping {
+    inner: MemoryReplica,
+    moving: Arc<AtomicBool>,
+}
+
+impl ReplicaSource for StillShipping {
+    fn fetch_snapshot(&self, file: &Path) -> Result<Option<SnapshotInfo>, ReplicaError> {
+        self.inner.fetch_snapshot(file)
+    }
+    fn latest_snapshot(&self) -> Result<Option<SnapshotInfo>, ReplicaError> {
+        self.inner.latest_snapshot()
+    }
+    fn frames_after(
+        &self,
+        after: u64,
+        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
+    ) -> Result<u64, ReplicaError> {
+        self.inner.frames_after(after, each)
+    }
+    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
+        if self.moving.load(Ordering::SeqCst) {
+            return Err(ReplicaError::Moved {
+                read: last,
+                now: last + 1,
+            });
+        }
+        self.inner.take_over(me, last)
+    }
+}
+
+/// A take-over refused because the old store still ships gives the standby back, following
+/// again with its directory whole and locked; once the old store stops, it takes over.
+#[test]
+fn a_refused_take_over_gives_the_standby_back_still_following() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let clock = clock();
+    let replica = MemoryReplica::new();
+    let primary = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("primary"))?;
+    pair(&primary, "first")?;
+    until("the first snapshot", || replica.snapshot_seq().is_some())?;
+    let moving = Arc::new(AtomicBool::new(true));
+    let source = StillShipping {
+        inner: replica.handle(),
+        moving: moving.clone(),
+    };
+    let path = dir.path().join("standby");
+    let standby = idemstore::Standby::follow(source, &path, Duration::from_millis(5))?;
+    let mut keys = keys("m", 10);
+    for key in &keys {
+        pair(&primary, key)?;
+    }
+    until("the primary to ship", || caught_up(&primary))?;
+    let refused = standby
+        .take_over()
+        .err()
+        .ok_or("the take-over went through")?;
+    assert!(
+        matches!(
+            refused.error,
+            idemstore::RestoreError::Replica(ReplicaError::Moved { .. })
+        ),
+        "{refused}"
+    );
+    let standby = refused.standby;
+    refused_while_followed(&path, &clock)?;
+    // It follows again: the old store's later writes reach it.
+    for key in ["late-1", "late-2"] {
+        pair(&primary, key)?;
+        keys.push(key.to_owned());
+    }
+    until("the primary to ship", || caught_up(&primary))?;
+    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    until("the standby to follow again", || {
+        standby.status().last_frame == durable
+    })?;
+    lose(primary);
+    moving.store(false, Ordering::SeqCst);
+    let took = standby.take_over()?;
+    assert!(took.took_over);
+    assert_eq!(took.last_frame, durable);
+    let store = builder(&clock).open(&path)?;
     keys.push("first".into());
     all_replay(&store, &keys)
 }
