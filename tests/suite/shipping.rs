@@ -104,6 +104,25 @@ fn all_replay(store: &Store, keys: &[String]) -> TestResult {
     Ok(())
 }
 
+/// Opens `builder` as the primary in `dir/primary`, commits the pair "first", and waits for
+/// the first snapshot the stream begins with.
+fn first_snapshot(
+    builder: idemstore::Builder,
+    dir: &tempfile::TempDir,
+    replica: &MemoryReplica,
+) -> Result<Store, Box<dyn std::error::Error>> {
+    let primary = builder.open(dir.path().join("primary"))?;
+    pair(&primary, "first")?;
+    until("the first snapshot", || replica.snapshot_seq().is_some())?;
+    Ok(primary)
+}
+
+/// Waits until the replica holds every frame `primary` synced; returns the last one.
+fn shipped_all(primary: &Store) -> Result<u64, Box<dyn std::error::Error>> {
+    until("the primary to ship everything", || caught_up(primary))?;
+    Ok(primary.stats()?.shipping.ok_or("no stats")?.durable_frame)
+}
+
 fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
@@ -615,11 +634,11 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let primary = shipping(&clock, &replica, Shipping::Async)
-        .ship_snapshot_bytes(64 << 10)
-        .open(dir.path().join("primary"))?;
-    pair(&primary, "first")?;
-    until("the first snapshot", || replica.snapshot_seq().is_some())?;
+    let primary = first_snapshot(
+        shipping(&clock, &replica, Shipping::Async).ship_snapshot_bytes(64 << 10),
+        &dir,
+        &replica,
+    )?;
     let standby = idemstore::Standby::follow(
         replica.handle(),
         dir.path().join("standby"),
@@ -645,8 +664,7 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
     for key in &keys {
         pair_with(&primary, key, &body)?;
     }
-    until("the primary to ship everything", || caught_up(&primary))?;
-    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    let durable = shipped_all(&primary)?;
     until("the standby to follow", || {
         standby.status().last_frame == durable
     })?;
@@ -671,17 +689,32 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
     all_replay(&store, &keys)
 }
 
-/// A source whose next read of frames, once armed, breaks off after `CUT` frames: a link that
-/// fails part way through what a standby step reads.
-struct CutRead {
+/// A source with the faults a standby meets: once `cut` is armed, its next read of frames
+/// breaks off after `CUT` frames (a link that fails part way through a step; `cuts` counts
+/// them); while `moving` is set, take-overs are refused as `Moved` (the old store still ships:
+/// a box cut off from its clients, not from NATS).
+#[derive(Clone)]
+struct FaultySource {
     inner: MemoryReplica,
-    armed: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
     cuts: Arc<AtomicU64>,
+    moving: Arc<AtomicBool>,
 }
 
 const CUT: u64 = 3;
 
-impl ReplicaSource for CutRead {
+impl FaultySource {
+    fn new(replica: &MemoryReplica) -> FaultySource {
+        FaultySource {
+            inner: replica.handle(),
+            cut: Arc::new(AtomicBool::new(false)),
+            cuts: Arc::new(AtomicU64::new(0)),
+            moving: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+impl ReplicaSource for FaultySource {
     fn fetch_snapshot(&self, file: &Path) -> Result<Option<SnapshotInfo>, ReplicaError> {
         self.inner.fetch_snapshot(file)
     }
@@ -693,14 +726,14 @@ impl ReplicaSource for CutRead {
         after: u64,
         each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
     ) -> Result<u64, ReplicaError> {
-        if !self.armed.load(Ordering::SeqCst) {
+        if !self.cut.load(Ordering::SeqCst) {
             return self.inner.frames_after(after, each);
         }
         // Cut once a frame past the first CUT arrives; a shorter read leaves it armed.
         let mut passed = 0;
         self.inner.frames_after(after, &mut |frame, guarantee| {
             if passed == CUT {
-                self.armed.store(false, Ordering::SeqCst);
+                self.cut.store(false, Ordering::SeqCst);
                 self.cuts.fetch_add(1, Ordering::SeqCst);
                 return Err(ReplicaError::Unreachable {
                     detail: "the link broke part way (test)".into(),
@@ -711,6 +744,12 @@ impl ReplicaSource for CutRead {
         })
     }
     fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
+        if self.moving.load(Ordering::SeqCst) {
+            return Err(ReplicaError::Moved {
+                read: last,
+                now: last + 1,
+            });
+        }
         self.inner.take_over(me, last)
     }
 }
@@ -723,18 +762,9 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let primary = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("primary"))?;
-    pair(&primary, "first")?;
-    until("the first snapshot", || replica.snapshot_seq().is_some())?;
-    let (armed, cuts) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let source = CutRead {
-        inner: replica.handle(),
-        armed: armed.clone(),
-        cuts: cuts.clone(),
-    };
+    let primary = first_snapshot(shipping(&clock, &replica, Shipping::Async), &dir, &replica)?;
+    let source = FaultySource::new(&replica);
+    let (armed, cuts) = (source.cut.clone(), source.cuts.clone());
     let standby =
         idemstore::Standby::follow(source, dir.path().join("standby"), Duration::from_millis(5))?;
     let mut keys = keys("k", 20);
@@ -742,8 +772,7 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     for key in before {
         pair(&primary, key)?;
     }
-    until("the primary to ship", || caught_up(&primary))?;
-    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    let durable = shipped_all(&primary)?;
     until("the standby to follow", || {
         standby.status().last_frame == durable
     })?;
@@ -753,7 +782,7 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     for key in after {
         pair(&primary, key)?;
     }
-    until("the primary to ship", || caught_up(&primary))?;
+    shipped_all(&primary)?;
     until("a read to break off", || cuts.load(Ordering::SeqCst) == 1)?;
     let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
     assert!(durable >= counted + 2 * CUT, "enough frames to cut into");
@@ -768,38 +797,6 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     all_replay(&store, &keys)
 }
 
-/// A source whose take-overs are refused as `Moved` while `moving` is set: the old store still
-/// ships (a box cut off from its clients, not from NATS).
-struct StillShipping {
-    inner: MemoryReplica,
-    moving: Arc<AtomicBool>,
-}
-
-impl ReplicaSource for StillShipping {
-    fn fetch_snapshot(&self, file: &Path) -> Result<Option<SnapshotInfo>, ReplicaError> {
-        self.inner.fetch_snapshot(file)
-    }
-    fn latest_snapshot(&self) -> Result<Option<SnapshotInfo>, ReplicaError> {
-        self.inner.latest_snapshot()
-    }
-    fn frames_after(
-        &self,
-        after: u64,
-        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
-    ) -> Result<u64, ReplicaError> {
-        self.inner.frames_after(after, each)
-    }
-    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
-        if self.moving.load(Ordering::SeqCst) {
-            return Err(ReplicaError::Moved {
-                read: last,
-                now: last + 1,
-            });
-        }
-        self.inner.take_over(me, last)
-    }
-}
-
 /// A take-over refused because the old store still ships gives the standby back, following
 /// again with its directory whole and locked; once the old store stops, it takes over.
 #[test]
@@ -807,21 +804,17 @@ fn a_refused_take_over_gives_the_standby_back_still_following() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let primary = shipping(&clock, &replica, Shipping::Async).open(dir.path().join("primary"))?;
-    pair(&primary, "first")?;
-    until("the first snapshot", || replica.snapshot_seq().is_some())?;
-    let moving = Arc::new(AtomicBool::new(true));
-    let source = StillShipping {
-        inner: replica.handle(),
-        moving: moving.clone(),
-    };
+    let primary = first_snapshot(shipping(&clock, &replica, Shipping::Async), &dir, &replica)?;
+    let source = FaultySource::new(&replica);
+    let moving = source.moving.clone();
+    moving.store(true, Ordering::SeqCst);
     let path = dir.path().join("standby");
     let standby = idemstore::Standby::follow(source, &path, Duration::from_millis(5))?;
     let mut keys = keys("m", 10);
     for key in &keys {
         pair(&primary, key)?;
     }
-    until("the primary to ship", || caught_up(&primary))?;
+    shipped_all(&primary)?;
     let refused = standby
         .take_over()
         .err()
@@ -840,8 +833,7 @@ fn a_refused_take_over_gives_the_standby_back_still_following() -> TestResult {
         pair(&primary, key)?;
         keys.push(key.to_owned());
     }
-    until("the primary to ship", || caught_up(&primary))?;
-    let durable = primary.stats()?.shipping.ok_or("no stats")?.durable_frame;
+    let durable = shipped_all(&primary)?;
     until("the standby to follow again", || {
         standby.status().last_frame == durable
     })?;
