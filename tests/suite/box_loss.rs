@@ -36,7 +36,7 @@ use serde_json::Value;
 use common::TestResult;
 use common::nats::{unique, url};
 use common::proxy::{Arrivals, Cut, Proxy};
-use common::service::{PATIENCE, Service};
+use common::service::{Answer, PATIENCE, Service};
 
 type Fallible<T> = Result<T, Box<dyn Error>>;
 
@@ -228,45 +228,7 @@ impl Setup {
     }
 }
 
-/// An HTTP answer, as the tests read it.
-#[derive(Debug, Clone)]
-struct Answer {
-    status: u16,
-    replayed: bool,
-    /// The problem type of a problem+json answer.
-    problem: Option<String>,
-    body: String,
-}
-
 impl Answer {
-    fn read(mut response: ureq::http::Response<ureq::Body>) -> Result<Answer, ureq::Error> {
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let replayed = header("idempotent-replayed").as_deref() == Some("true");
-        let problem_json =
-            header("content-type").is_some_and(|t| t.starts_with("application/problem+json"));
-        let body = response.body_mut().read_to_string()?;
-        let problem = problem_json
-            .then(|| serde_json::from_str::<Value>(&body).ok())
-            .flatten()
-            .and_then(|json| json["type"].as_str().map(str::to_owned));
-        Ok(Answer {
-            status: response.status().as_u16(),
-            replayed,
-            problem,
-            body,
-        })
-    }
-
-    fn json(&self) -> Fallible<Value> {
-        serde_json::from_str(&self.body).map_err(|e| format!("{e}: not JSON: {}", self.body).into())
-    }
-
     /// The charge's id and the processor's charge id, from a 201's body.
     fn charge(&self) -> Fallible<(String, String)> {
         let json = self.json()?;
@@ -1075,7 +1037,8 @@ fn away(mode: Mode, fault: Fault, net: &Net, service: &Client, load: &Load) -> F
             let mut in_progress = 0;
             for sent in &during {
                 let answer = sent.answer.as_ref().ok_or("no answer")?;
-                let problem = answer.problem.as_deref().unwrap_or_default();
+                let problem = answer.problem().unwrap_or_default();
+                let problem = problem.as_str();
                 match answer.status {
                     503 => {
                         assert!(REFUSALS.contains(&problem), "{}: {answer:?}", sent.key);
@@ -1095,7 +1058,7 @@ fn away(mode: Mode, fault: Fault, net: &Net, service: &Client, load: &Load) -> F
                 refusals.len(),
                 refusals
                     .iter()
-                    .map(|a| a.problem.clone().unwrap_or_default())
+                    .map(|a| a.problem().unwrap_or_default())
                     .collect::<BTreeSet<_>>(),
             );
         }

@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use common::service::{PATIENCE, Service};
+use common::service::{Answer, PATIENCE, Service};
 
 use serde_json::{Value, json};
 
@@ -51,7 +51,7 @@ impl Api for Service {
     }
 
     fn get(&self, path: &str, auth: &str) -> Result<Answer, ureq::Error> {
-        Answer::from(
+        Answer::read(
             self.agent
                 .get(format!("{}{path}", self.base))
                 .header("authorization", auth)
@@ -89,41 +89,7 @@ fn charge_at(
     if let Some(key) = key {
         request = request.header("idempotency-key", key);
     }
-    Answer::from(request.send(body)?)
-}
-
-struct Answer {
-    status: u16,
-    replayed: bool,
-    retry_after: Option<u64>,
-    content_type: String,
-    body: String,
-}
-
-impl Answer {
-    fn from(mut response: ureq::http::Response<ureq::Body>) -> Result<Answer, ureq::Error> {
-        let header = |name: &str| {
-            response
-                .headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let replayed = header("idempotent-replayed").as_deref() == Some("true");
-        let retry_after = header("retry-after").and_then(|v| v.parse().ok());
-        let content_type = header("content-type").unwrap_or_default();
-        Ok(Answer {
-            status: response.status().as_u16(),
-            replayed,
-            retry_after,
-            content_type,
-            body: response.body_mut().read_to_string()?,
-        })
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
+    Answer::read(request.send(body)?)
 }
 
 fn charge_body(amount: u64) -> String {
@@ -148,7 +114,7 @@ fn fifty_concurrent_identical_posts_charge_once() -> TestResult {
     for thread in threads {
         let answer = thread.join().map_err(|_| "a client thread panicked")??;
         match (answer.status, answer.replayed) {
-            (201, false) => created.push(answer.json()),
+            (201, false) => created.push(answer.json()?),
             (201, true) => replayed += 1,
             (409, false) => {
                 assert!(
@@ -169,7 +135,7 @@ fn fifty_concurrent_identical_posts_charge_once() -> TestResult {
     // A retry after all of them is a replay of the one charge.
     let retry = service.charge(ALICE, Some("order-7-attempt"), &charge_body(1900))?;
     assert!(retry.replayed);
-    assert_eq!(retry.json(), created[0]);
+    assert_eq!(retry.json()?, created[0]);
     Ok(())
 }
 
@@ -180,7 +146,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
 
     let first = service.charge(ALICE, Some("request-k-1"), &charge_body(1900))?;
     assert_eq!(first.status, 201, "{}", first.body);
-    let id = first.json()["id"].as_str().ok_or("an id")?.to_owned();
+    let id = first.json()?["id"].as_str().ok_or("an id")?.to_owned();
 
     // A body that fails validation is refused and its key released: fixed, it can run.
     let invalid = service.charge(
@@ -227,24 +193,24 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
         .header("idempotency-key", "b")
         .content_type("application/json")
         .send(charge_body(1900))?;
-    let twice = Answer::from(twice)?;
+    let twice = Answer::read(twice)?;
     assert_eq!(
         (twice.status, twice.content_type.as_str()),
         (400, "application/problem+json")
     );
     assert_eq!(
-        twice.json()["type"],
+        twice.json()?["type"],
         "urn:idemstore:problem:invalid-idempotency-key"
     );
 
     // Bob's "k-1" is his own: a second charge, invisible to Alice.
     let bobs = service.charge(BOB, Some("request-k-1"), &charge_body(1900))?;
     assert_eq!((bobs.status, bobs.replayed), (201, false));
-    let bobs_id = bobs.json()["id"].as_str().ok_or("an id")?.to_owned();
+    let bobs_id = bobs.json()?["id"].as_str().ok_or("an id")?.to_owned();
     assert_ne!(bobs_id, id);
     assert_eq!(
-        service.get(&format!("/charges/{id}"), ALICE)?.json(),
-        first.json()
+        service.get(&format!("/charges/{id}"), ALICE)?.json()?,
+        first.json()?
     );
     assert_eq!(
         service.get(&format!("/charges/{bobs_id}"), ALICE)?.status,
@@ -256,7 +222,7 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
     let stranger = service.charge("Bearer nobody", Some("request-k-2"), &charge_body(1900))?;
     assert_eq!(stranger.status, 401);
     assert_eq!(
-        stranger.json()["type"],
+        stranger.json()?["type"],
         "urn:edge-service:problem:unauthenticated",
         "refused by the service's authentication, outside the idempotency layer"
     );
@@ -276,13 +242,13 @@ fn conflicting_reuse_bad_requests_and_tenants_are_answered_as_the_draft_says() -
 
     // A tenant's view of /stats is its own: its charges and side effects, the store's health,
     // and none of the store's counters across tenants.
-    let alices = lower.json();
+    let alices = lower.json()?;
     assert_eq!(alices["tenant"], "acct_alice");
     assert_eq!(alices["charges"], 2, "{alices}");
     assert_eq!(alices["processor"]["side_effects"], 2, "{alices}");
     assert_eq!(alices["health"]["writable"], true, "{alices}");
     assert!(alices.get("store").is_none(), "{alices}");
-    let bobs_view = service.get("/stats", BOB)?.json();
+    let bobs_view = service.get("/stats", BOB)?.json()?;
     assert_eq!(bobs_view["processor"]["side_effects"], 1, "{bobs_view}");
     Ok(())
 }
@@ -336,12 +302,12 @@ fn a_service_killed_between_charge_and_commit_is_recovered_without_a_second_char
         recovered.body
     );
     assert_eq!(
-        recovered.json()["attempt"],
+        recovered.json()?["attempt"],
         2,
         "the handler saw the recovery"
     );
     assert_eq!(
-        recovered.json()["processor_charge"],
+        recovered.json()?["processor_charge"],
         "py_000001",
         "the first attempt's charge"
     );
@@ -388,7 +354,7 @@ fn a_processor_timeout_is_recovered_after_the_lease_without_a_second_charge() ->
     service.advance_clock(31)?;
     let recovered = service.charge(ALICE, Some("request-k-slow"), &charge_body(700))?;
     assert_eq!(recovered.status, 201, "{}", recovered.body);
-    assert_eq!(recovered.json()["attempt"], 2);
+    assert_eq!(recovered.json()?["attempt"], 2);
     assert_eq!(service.stats()?["processor"]["side_effects"], 1);
     Ok(())
 }
@@ -429,12 +395,12 @@ fn an_abandoned_charge_is_completed_by_the_completer_without_a_second_charge() -
         "never asked to charge again: {stats}"
     );
     assert!(stats["processor"]["lookups"].as_u64() >= Some(1), "{stats}");
-    let alices = service.get("/stats", ALICE)?.json();
+    let alices = service.get("/stats", ALICE)?.json()?;
     assert_eq!(alices["charges"], 1, "one charge row: {alices}");
 
     let late = service.charge(ALICE, Some("abandoned-1"), &charge_body(700))?;
     assert_eq!((late.status, late.replayed), (201, true), "{}", late.body);
-    assert_eq!(late.json()["attempt"], 2, "completed by the recovery");
+    assert_eq!(late.json()?["attempt"], 2, "completed by the recovery");
     assert_eq!(service.stats()?["processor"]["side_effects"], 1);
     Ok(())
 }
@@ -519,7 +485,7 @@ fn a_full_disk_under_the_real_service_keeps_replays_and_recovers_without_a_resta
     )?;
     let first = service.charge(ALICE, Some("before-full"), &charge_body(100))?;
     assert_eq!(first.status, 201, "{}", first.body);
-    let id = first.json()["id"].as_str().ok_or("an id")?.to_owned();
+    let id = first.json()?["id"].as_str().ok_or("an id")?.to_owned();
 
     let filler = tmpfs.fill()?;
     let mut refused = 0;

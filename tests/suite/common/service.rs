@@ -165,3 +165,51 @@ impl Drop for Service {
         let _ = self.child.wait();
     }
 }
+
+/// An HTTP answer of a service, read whole.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: u16,
+    /// `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// `Retry-After`, in seconds.
+    pub retry_after: Option<u64>,
+    pub content_type: String,
+    pub body: String,
+}
+
+impl Answer {
+    pub fn read(mut response: ureq::http::Response<ureq::Body>) -> Result<Answer, ureq::Error> {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header("idempotent-replayed").as_deref() == Some("true");
+        let retry_after = header("retry-after").and_then(|v| v.parse().ok());
+        let content_type = header("content-type").unwrap_or_default();
+        Ok(Answer {
+            status: response.status().as_u16(),
+            replayed,
+            retry_after,
+            content_type,
+            body: response.body_mut().read_to_string()?,
+        })
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+        serde_json::from_str(&self.body).map_err(|e| format!("{e}: not JSON: {}", self.body).into())
+    }
+
+    /// The problem type of a problem+json answer.
+    pub fn problem(&self) -> Option<String> {
+        if !self.content_type.starts_with("application/problem+json") {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_str(&self.body).ok()?;
+        json["type"].as_str().map(str::to_owned)
+    }
+}
