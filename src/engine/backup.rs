@@ -44,6 +44,8 @@ struct Copied {
     records: u64,
     messages: u64,
     business_rows: u64,
+    /// The last log frame the snapshot holds (`meta::applied`).
+    last_frame: u64,
 }
 
 /// What a copy reads: the database and what names its tables. Not the engine: the shipper
@@ -92,8 +94,8 @@ impl Copier {
     }
 
     /// Copies `snapshot` into the new store directory `dest`, which was checked to be empty;
-    /// also returns the log checkpoint the copy records (the frame it covers when `snapshot`
-    /// was taken right after a checkpoint).
+    /// also returns the last log frame the snapshot holds (`meta::applied`), which a shipped
+    /// snapshot is tagged with.
     pub(in crate::engine) fn copy_snapshot(
         &self,
         snapshot: ReadTransaction,
@@ -132,7 +134,7 @@ impl Copier {
             ms = backed_up.duration.as_millis() as u64,
             "backed up the store"
         );
-        Ok((backed_up, meta.log_checkpoint.seq))
+        Ok((backed_up, copied.last_frame))
     }
 
     /// Every table of this build the store registered; an error naming a table of the
@@ -183,8 +185,8 @@ impl Copier {
         // A copy is older than the store it was taken from, which goes on acknowledging
         // writes: opened in its place, it may lack some, so it is marked as a restore that may
         // lag (a restore that knows better, from a replica's frames, marks it again).
-        let last_frame = meta::applied(snapshot)?;
-        meta::set_restore_pending(&txn, Guarantee::MayLag, last_frame)?;
+        copied.last_frame = meta::applied(snapshot)?;
+        meta::set_restore_pending(&txn, Guarantee::MayLag, copied.last_frame)?;
         txn.commit()?;
         Ok(copied)
     }

@@ -14,15 +14,15 @@ use std::time::Instant;
 
 use super::Engine;
 use super::backup::Copier;
-use crate::engine::tables::meta;
-use crate::error::{BackupError, OpenError, StoreError};
-use crate::model::replica::{Shipping, Unreachable, WriterIdentity};
+use crate::error::{BackupError, OpenError};
+use crate::model::backoff::Doubling;
+use crate::model::replica::WriterIdentity;
 use crate::storage::{DB_FILE, Storage};
 use crate::wal::ship::{ShipOptions, ShipSettings, Shipper};
 
 /// Where a store makes the snapshots it ships (removed after each).
 const SNAPSHOT_DIR: &str = "ship-snapshot";
-/// The wait after a failed call to the replica, doubling up to the second.
+/// The wait after a failed call to the replica, doubling from the first up to the second.
 const BACKOFF: (std::time::Duration, std::time::Duration) = (
     std::time::Duration::from_millis(100),
     std::time::Duration::from_secs(5),
@@ -63,7 +63,7 @@ pub(super) fn start(
         open_timeout: options.open_timeout,
         snapshot_bytes: options.snapshot_bytes,
         snapshot_dir,
-        backoff: BACKOFF,
+        backoff: Doubling::new(BACKOFF.0, BACKOFF.1),
     };
     let shipper = Shipper::start(options.replica, settings, durable).map_err(OpenError::Thread)?;
     Ok(Some(Arc::new(shipper)))
@@ -81,7 +81,7 @@ impl Engine {
         shipper.set_snapshot_maker(Box::new(move |dir: &Path| {
             copier.ship_snapshot(dir).map_err(|e| e.to_string())
         }));
-        if shipper.mode() == Shipping::Sync(Unreachable::Refuse) {
+        if shipper.mode().refuses() {
             shipper
                 .wait_caught_up(shipper.open_timeout())
                 .map_err(|source| OpenError::Replica { source })?;
@@ -95,8 +95,7 @@ impl Copier {
     /// the last frame it holds.
     fn ship_snapshot(&self, dir: &Path) -> Result<(PathBuf, u64), BackupError> {
         let snapshot = self.published_snapshot()?;
-        let applied = meta::applied(&snapshot).map_err(StoreError::from)?;
-        self.copy_snapshot(snapshot, dir, Instant::now())?;
+        let (_, applied) = self.copy_snapshot(snapshot, dir, Instant::now())?;
         Ok((dir.join(DB_FILE), applied))
     }
 }

@@ -70,6 +70,13 @@ impl Guarantee {
 }
 
 impl Shipping {
+    /// Whether nothing is acknowledged before the replica holds it: synchronous shipping that
+    /// refuses while the replica is away. Such a store waits for its replica at open and
+    /// before it takes writes again, and its frames promise a restore they are complete.
+    pub(crate) fn refuses(self) -> bool {
+        self == Shipping::Sync(Unreachable::Refuse)
+    }
+
     /// What a frame shipped in this mode promises a restore.
     pub(crate) fn guarantee(self) -> Guarantee {
         match self {

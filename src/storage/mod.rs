@@ -295,7 +295,6 @@ impl Storage {
         }
     }
 
-    /// A path to name in messages about the log directory.
     /// The store's directory on the real filesystem; `None` for a simulated disk.
     pub(crate) fn dir(&self) -> Option<&Path> {
         match self {
@@ -305,6 +304,7 @@ impl Storage {
         }
     }
 
+    /// A path to name in messages about the log directory.
     pub(crate) fn log_path(&self) -> PathBuf {
         match self {
             Storage::Directory { dir, .. } => dir.join(LOG_DIR),

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use crate::error::StoreError;
-use crate::model::replica::{Shipping, Unreachable};
 use crate::wal::ship::Shipper;
 
 /// For a synchronous store that refuses while the replica is away: whether it may write
@@ -24,7 +23,7 @@ pub(super) fn ship_caught_up(shipper: Option<&Arc<Shipper>>) -> Result<(), Store
 
 /// The shipper, if the store ships synchronously and refuses while the replica is away.
 fn refusing(shipper: Option<&Arc<Shipper>>) -> Option<&Arc<Shipper>> {
-    shipper.filter(|s| s.mode() == Shipping::Sync(Unreachable::Refuse))
+    shipper.filter(|s| s.mode().refuses())
 }
 
 fn refused(e: crate::error::ReplicaError) -> StoreError {

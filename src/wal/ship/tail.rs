@@ -20,7 +20,6 @@ pub(crate) struct TailWriter {
     out: BufWriter<File>,
     next_seq: u64,
     buf: Vec<u8>,
-    frames: u64,
     /// Where the next frame begins (after [`TailWriter::finish`]: where the end marker is).
     end: u64,
 }
@@ -38,7 +37,6 @@ impl TailWriter {
             out,
             next_seq: first_seq,
             buf: Vec::new(),
-            frames: 0,
             end: HEADER_LEN as u64,
         })
     }
@@ -65,7 +63,6 @@ impl TailWriter {
             out: BufWriter::with_capacity(1 << 20, file),
             next_seq,
             buf: Vec::new(),
-            frames: 0,
             end,
         })
     }
@@ -88,7 +85,6 @@ impl TailWriter {
         encode_frame(&mut self.buf, TAIL_SEGMENT, seq, payload);
         self.out.write_all(&self.buf)?;
         self.next_seq += 1;
-        self.frames += 1;
         self.end += self.buf.len() as u64;
         Ok(())
     }

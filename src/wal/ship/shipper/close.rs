@@ -32,7 +32,7 @@ impl Inner {
         let mut state = self.state.lock();
         loop {
             let waiting = match state.state {
-                ShipState::Shipping => state.shipped < state.durable,
+                ShipState::Shipping => !state.caught_up(),
                 ShipState::Claiming | ShipState::CatchingUp => true,
                 ShipState::Unreachable | ShipState::Fenced => false,
             };

@@ -59,7 +59,7 @@ pub(crate) struct ShipSettings {
     /// Where snapshots are made (removed after each).
     pub(crate) snapshot_dir: PathBuf,
     /// The wait after a failed call, doubling up to the second.
-    pub(crate) backoff: (Duration, Duration),
+    pub(crate) backoff: Doubling,
 }
 
 /// Why a synchronous frame was not acknowledged.
@@ -187,8 +187,13 @@ impl Shipper {
     pub(crate) fn frame(&self, frame: ShippedFrame) -> Result<(), NotShipped> {
         let seq = frame.seq;
         let mut state = self.inner.state.lock();
+        // Only these wake anyone: the frame thread waits for a queue, the snapshot thread for
+        // a snapshot to be needed; nobody waits for `durable` alone to grow.
+        let (was_empty, needed) = (state.queue.is_empty(), state.needs_snapshot);
         self.inner.enqueue(&mut state, frame);
-        self.inner.changed.notify_all();
+        if was_empty || state.needs_snapshot != needed {
+            self.inner.changed.notify_all();
+        }
         let Shipping::Sync(policy) = self.inner.settings.mode else {
             return Ok(());
         };
@@ -233,7 +238,7 @@ impl Shipper {
     pub(crate) fn caught_up(&self) -> Result<(), ReplicaError> {
         let state = self.inner.state.lock();
         match state.state {
-            ShipState::Shipping if state.shipped >= state.durable => Ok(()),
+            _ if state.caught_up() => Ok(()),
             ShipState::Shipping | ShipState::CatchingUp => Err(timeout_error(&state)),
             _ => Err(state.error()),
         }
@@ -244,7 +249,7 @@ impl Shipper {
         let deadline = Instant::now() + timeout;
         let mut state = self.inner.state.lock();
         loop {
-            if state.state == ShipState::Shipping && state.shipped >= state.durable {
+            if state.caught_up() {
                 return Ok(());
             }
             if state.state == ShipState::Fenced {
@@ -307,6 +312,32 @@ impl State {
             })
     }
 
+    /// Whether the replica answers and holds every frame synced so far.
+    fn caught_up(&self) -> bool {
+        self.state == ShipState::Shipping && self.shipped >= self.durable
+    }
+
+    /// The first frame the stream still lacks that the queue can give it: the queue's first,
+    /// or the next one synced if the queue is empty.
+    fn next_to_ship(&self) -> u64 {
+        self.queue.front().map_or(self.durable + 1, |q| q.frame.seq)
+    }
+
+    /// Drops the queued frames at or before `seq`: the stream holds them.
+    fn drop_through(&mut self, seq: u64) {
+        while self.queue.front().is_some_and(|q| q.frame.seq <= seq) {
+            if let Some(q) = self.queue.pop_front() {
+                self.queued_bytes -= q.frame.payload.len() as u64;
+            }
+        }
+    }
+
+    /// Drops the whole queue (a snapshot will stand for it, or nobody will ship it).
+    fn clear_queue(&mut self) {
+        self.queue.clear();
+        self.queued_bytes = 0;
+    }
+
     /// The sequence number the next queued frame must have for the stream to stay whole.
     fn next_expected(&self) -> u64 {
         self.queue
@@ -350,8 +381,7 @@ impl Inner {
                 queued_bytes = state.queued_bytes,
                 "the replica is too far behind for the queue; it will get a snapshot instead"
             );
-            state.queue.clear();
-            state.queued_bytes = 0;
+            state.clear_queue();
             state.needs_snapshot = true;
             state.overflows += 1;
         }
@@ -360,10 +390,6 @@ impl Inner {
             frame,
             synced: Instant::now(),
         });
-    }
-
-    fn backoff(&self) -> Doubling {
-        Doubling::new(self.settings.backoff.0, self.settings.backoff.1)
     }
 
     /// Sleeps up to `wait` or until stopped; `false` if stopping.
@@ -382,8 +408,7 @@ impl Inner {
         state.state = match e {
             ReplicaError::OtherWriter { .. } | ReplicaError::Moved { .. } => {
                 tracing::error!(error = %e, "shipping stopped: another store writes the stream");
-                state.queue.clear();
-                state.queued_bytes = 0;
+                state.clear_queue();
                 ShipState::Fenced
             }
             _ => {
@@ -416,7 +441,7 @@ impl Inner {
                         return;
                     }
                     failures += 1;
-                    if !self.pause(self.backoff().spread_after(failures)) {
+                    if !self.pause(self.settings.backoff.spread_after(failures)) {
                         return;
                     }
                 }
@@ -456,7 +481,7 @@ impl Inner {
                 Err(e) => {
                     self.failed(&e);
                     failures += 1;
-                    if !self.pause(self.backoff().spread_after(failures)) {
+                    if !self.pause(self.settings.backoff.spread_after(failures)) {
                         return;
                     }
                 }
@@ -469,15 +494,8 @@ impl Inner {
         let mut state = self.state.lock();
         state.shipped = last;
         // Frames the stream already holds leave the queue.
-        while state.queue.front().is_some_and(|q| q.frame.seq <= last) {
-            if let Some(q) = state.queue.pop_front() {
-                state.queued_bytes -= q.frame.payload.len() as u64;
-            }
-        }
-        let next = state
-            .queue
-            .front()
-            .map_or(state.durable + 1, |q| q.frame.seq);
+        state.drop_through(last);
+        let next = state.next_to_ship();
         if last > state.durable {
             state.state = ShipState::Fenced;
             state.last_error = Some(ReplicaError::Refused {

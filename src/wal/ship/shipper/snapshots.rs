@@ -42,7 +42,7 @@ impl Inner {
                 Err(failure) => {
                     self.snapshot_failed(&failure);
                     failures += 1;
-                    if !self.pause(self.backoff().spread_after(failures)) {
+                    if !self.pause(self.settings.backoff.spread_after(failures)) {
                         return;
                     }
                 }
@@ -79,18 +79,10 @@ impl Inner {
         state.last_snapshot_bytes = bytes;
         state.snapshotting = false;
         state.shipped = state.shipped.max(seq);
-        while state.queue.front().is_some_and(|q| q.frame.seq <= seq) {
-            if let Some(q) = state.queue.pop_front() {
-                state.queued_bytes -= q.frame.payload.len() as u64;
-            }
-        }
+        state.drop_through(seq);
         if state.needs_snapshot {
             // Whole again if the queue begins right after the snapshot (or nothing came since).
-            let next = state
-                .queue
-                .front()
-                .map_or(state.durable + 1, |q| q.frame.seq);
-            state.needs_snapshot = next != seq + 1 && state.durable > seq;
+            state.needs_snapshot = state.next_to_ship() != seq + 1 && state.durable > seq;
             if !state.needs_snapshot {
                 state.state = ShipState::Shipping;
                 state.last_error = None;
