@@ -4,7 +4,7 @@ use std::fmt;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::Context;
-use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::context::PublishError;
 
 use super::sink::{Sink, Unavailable};
 use crate::error::BoxError;
@@ -66,11 +66,9 @@ impl Sink for JetStreamSink {
 /// this message, retried and, if it persists, dead-lettered: a payload over the server's
 /// limit, and anything else the server refuses (a full stream that discards new messages).
 fn classify(error: PublishError) -> BoxError {
-    match error.kind() {
-        PublishErrorKind::TimedOut
-        | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::MaxAckPending
-        | PublishErrorKind::StreamNotFound => Box::new(Unavailable::new(error)),
-        _ => Box::new(error),
+    if crate::replica::outage(&error.kind()) {
+        Box::new(Unavailable::new(error))
+    } else {
+        Box::new(error)
     }
 }

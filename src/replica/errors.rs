@@ -20,7 +20,7 @@ pub(super) fn failed(
     what: &str,
     error: &(dyn StdError + 'static),
 ) -> ReplicaError {
-    let detail = format!("{what}: {}", chain(error));
+    let detail = format!("{what}: {error}");
     if answered(error) {
         return ReplicaError::Refused { detail };
     }
@@ -30,17 +30,28 @@ pub(super) fn failed(
     ReplicaError::Refused { detail }
 }
 
+/// Whether a publish failed because JetStream is away rather than because of the message:
+/// the server not answering, the connection broken, the stream full of unacknowledged
+/// messages, or no stream answering for the subject. The log shipped here and the outbox's
+/// relay (`relay::JetStreamSink`) draw the same line.
+pub(crate) fn outage(kind: &PublishErrorKind) -> bool {
+    matches!(
+        kind,
+        PublishErrorKind::TimedOut
+            | PublishErrorKind::BrokenPipe
+            | PublishErrorKind::MaxAckPending
+            | PublishErrorKind::StreamNotFound
+    )
+}
+
 /// A publish's failure other than a fencing one (the callers handle those).
 pub(super) fn publish_failed(client: &Client, what: &str, error: &PublishError) -> ReplicaError {
-    match error.kind() {
-        PublishErrorKind::TimedOut
-        | PublishErrorKind::BrokenPipe
-        | PublishErrorKind::MaxAckPending
-        | PublishErrorKind::StreamNotFound => ReplicaError::Unreachable {
-            detail: format!("{what}: {}", chain(error)),
-        },
-        _ => failed(client, what, error),
+    if outage(&error.kind()) {
+        return ReplicaError::Unreachable {
+            detail: format!("{what}: {error}"),
+        };
     }
+    failed(client, what, error)
 }
 
 /// A call that did not answer within its limit.
@@ -103,9 +114,4 @@ fn sources<'a>(
         (*e).source()
     })
     .take(16)
-}
-
-/// The error's own text: async-nats's errors already print their source after their kind.
-fn chain(error: &(dyn StdError + 'static)) -> String {
-    error.to_string()
 }

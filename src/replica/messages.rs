@@ -205,9 +205,7 @@ pub(super) fn marker(after: u64, me: &WriterIdentity) -> Result<Publish, Replica
     let identity = serde_json::to_vec(me).map_err(|e| ReplicaError::Refused {
         detail: format!("could not write the new writer's identity: {e}"),
     })?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = super::unix_nanos();
     let mut headers = HeaderMap::new();
     headers.insert(TAKEOVER, HeaderValue::from(after));
     Ok(Publish::build()

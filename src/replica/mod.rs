@@ -34,3 +34,12 @@ mod stream;
 mod writer;
 
 pub use self::connect::JetStream;
+pub(crate) use self::errors::outage;
+
+/// Nanoseconds since the Unix epoch (0 on a clock before it): what makes the names this
+/// replica gives (a claim's token, a snapshot's object, a message's id) unique in time.
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}

@@ -105,9 +105,7 @@ pub(super) async fn upload(
         .map_err(|e| ReplicaError::Refused {
             detail: format!("could not read the snapshot file {}: {e}", file.display()),
         })?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = super::unix_nanos();
     let name = format!("snapshot-{seq}-{nanos:x}");
     let metadata = ObjectMetadata {
         name: name.clone(),

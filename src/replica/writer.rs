@@ -155,9 +155,7 @@ async fn write(
 
 /// A token unique to one claim: the entry's revision it wrote, and the time.
 fn token(revision: u64) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = super::unix_nanos();
     format!("{revision}-{nanos:x}")
 }
 

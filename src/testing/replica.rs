@@ -267,10 +267,15 @@ impl ReplicaSource for MemoryReplica {
     ) -> Result<u64, ReplicaError> {
         let frames: Vec<(ShippedFrame, Guarantee)> = {
             let stream = self.answer()?;
-            stream.frames.clone()
+            stream
+                .frames
+                .iter()
+                .filter(|(f, _)| f.seq > after)
+                .cloned()
+                .collect()
         };
         let mut last = after;
-        for (frame, guarantee) in frames.into_iter().filter(|(f, _)| f.seq > after) {
+        for (frame, guarantee) in frames {
             if frame.seq != last + 1 {
                 return Err(ReplicaError::Corrupt {
                     detail: format!("frames {} ..= {} are missing", last + 1, frame.seq - 1),
