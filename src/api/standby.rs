@@ -34,7 +34,9 @@ pub struct StandbyStatus {
 
 struct State {
     position: Position,
-    status: StandbyStatus,
+    rebases: u64,
+    caught_up_at: Instant,
+    last_error: Option<String>,
     stopping: bool,
     /// The directory's lock, held while the standby follows (replaced at each rebase).
     _lock: DirLock,
@@ -110,18 +112,12 @@ impl Standby {
         let started = Instant::now();
         let (position, lock) = engine::build(source.as_ref(), &dir, engine::lock)?;
         engine::finish(source.as_ref(), &dir, position, Takeover::No, started)?;
-        let status = StandbyStatus {
-            snapshot: position.snapshot,
-            last_frame: position.last,
-            tail_frames: position.frames,
-            rebases: 0,
-            caught_up_at: Instant::now(),
-            last_error: None,
-        };
         let state = Arc::new((
             Mutex::new(State {
                 position,
-                status,
+                rebases: 0,
+                caught_up_at: Instant::now(),
+                last_error: None,
                 stopping: false,
                 _lock: lock,
             }),
@@ -144,7 +140,15 @@ impl Standby {
 
     /// Where the standby stands now.
     pub fn status(&self) -> StandbyStatus {
-        self.state.0.lock().status.clone()
+        let state = self.state.0.lock();
+        StandbyStatus {
+            snapshot: state.position.snapshot,
+            last_frame: state.position.last,
+            tail_frames: state.position.frames,
+            rebases: state.rebases,
+            caught_up_at: state.caught_up_at,
+            last_error: state.last_error.clone(),
+        }
     }
 
     /// Stops following, takes in the frames shipped since the last poll, and makes the
@@ -165,7 +169,7 @@ impl Standby {
             Err(error) => {
                 tracing::warn!(error = %error, "the standby did not take the stream over; it follows again");
                 if let Err(e) = self.start() {
-                    self.state.0.lock().status.last_error = Some(e.to_string());
+                    self.state.0.lock().last_error = Some(e.to_string());
                 }
                 Err(Box::new(TakeOverError {
                     error,
@@ -259,20 +263,16 @@ fn stepped(
     match followed {
         Ok(followed) => {
             state.position = position;
-            let status = &mut state.status;
-            status.snapshot = position.snapshot;
-            status.last_frame = position.last;
-            status.tail_frames = position.frames;
-            status.caught_up_at = Instant::now();
-            status.last_error = None;
+            state.caught_up_at = Instant::now();
+            state.last_error = None;
             if let Followed::Rebased(lock) = followed {
-                status.rebases += 1;
+                state.rebases += 1;
                 state._lock = lock;
             }
             Ok(())
         }
         Err(e) => {
-            state.status.last_error = Some(e.to_string());
+            state.last_error = Some(e.to_string());
             Err(e)
         }
     }
