@@ -84,12 +84,7 @@ impl Writer {
             self.trusted_database(&mut slot, reopen)?;
             let db = slot.as_ref().ok_or(StoreError::Closed)?;
             let caught_up = self.catch_up(db)?;
-            // What the writer noted of partitions is a superset of what the file holds; the
-            // file is the truth now.
-            guarded(&self.storage, || {
-                partitions::reload(db, &self.shared.partitions).map_err(OpenError::Setup)
-            })
-            .map_err(restore_failed)?;
+            self.reload_partitions(db)?;
             caught_up
         };
         if let Some((dir, start)) = log {
@@ -129,17 +124,8 @@ impl Writer {
         let mut slot = db_slot.write();
         self.trusted_database(&mut slot, reopen)?;
         let db = slot.as_ref().ok_or(StoreError::Closed)?;
-        let (registry, storage, config) =
-            (&self.shared.registry, &self.storage, &self.shared.config);
-        let through = self.unsynced.as_ref().map(|u| u.seq.saturating_sub(1));
-        guarded(storage, || {
-            catch_up::catch_up(db, registry, storage, config, through)
-        })
-        .map_err(restore_failed)?;
-        guarded(&self.storage, || {
-            partitions::reload(db, &self.shared.partitions).map_err(OpenError::Setup)
-        })
-        .map_err(restore_failed)?;
+        let (_, through) = self.replay_synced(db)?;
+        self.reload_partitions(db)?;
         drop(slot);
         // The shared snapshot first: a reader that misses the overlay must find the records.
         self.shared.db.published();
@@ -188,18 +174,36 @@ impl Writer {
         Ok(())
     }
 
+    /// Replays the log into `db` up to the last frame whose sync is not in doubt (the one
+    /// before the unsynced frame, if any, which the caller handles); returns what it found
+    /// and that bound.
+    fn replay_synced(&self, db: &Database) -> Result<(CaughtUp, Option<u64>), StoreError> {
+        let (registry, storage, config) =
+            (&self.shared.registry, &self.storage, &self.shared.config);
+        let through = self.unsynced.as_ref().map(|u| u.seq.saturating_sub(1));
+        let caught_up = guarded(storage, || {
+            catch_up::catch_up(db, registry, storage, config, through)
+        })
+        .map_err(restore_failed)?;
+        Ok((caught_up, through))
+    }
+
+    /// What the writer noted of partitions is a superset of what the file holds; the file is
+    /// the truth after a replay.
+    fn reload_partitions(&self, db: &Database) -> Result<(), StoreError> {
+        guarded(&self.storage, || {
+            partitions::reload(db, &self.shared.partitions).map_err(OpenError::Setup)
+        })
+        .map_err(restore_failed)
+    }
+
     /// Replays the log into `db`. A frame whose sync failed is not read back from its segment:
     /// the replay stops before it, and the copy in memory is applied and checkpointed in one
     /// durable commit (readers see it only once it is durable), after which every segment is
     /// free and the log goes on in a new one.
     fn catch_up(&mut self, db: &Database) -> Result<CaughtUp, StoreError> {
-        let (registry, storage, config) =
-            (&self.shared.registry, &self.storage, &self.shared.config);
-        let through = self.unsynced.as_ref().map(|u| u.seq.saturating_sub(1));
-        let mut caught_up = guarded(storage, || {
-            catch_up::catch_up(db, registry, storage, config, through)
-        })
-        .map_err(restore_failed)?;
+        let (mut caught_up, _) = self.replay_synced(db)?;
+        let (registry, storage) = (&self.shared.registry, &self.storage);
         let Some(unsynced) = self.unsynced.as_ref() else {
             return Ok(caught_up);
         };
