@@ -387,7 +387,7 @@ fn ship(
     };
     let replica = idemstore::replica::JetStream::connect(&url, &name)?;
     let restore = args.iter().any(|a| a == "--restore")
-        || std::env::var("EDGE_RESTORE").is_ok_and(|v| v == "1");
+        || std::env::var("EDGE_RESTORE").as_deref() == Ok("1");
     if restore && !dir.exists() {
         let restored = Store::restore(&replica, dir, Takeover::Yes)?;
         println!(
