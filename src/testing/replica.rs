@@ -119,6 +119,14 @@ impl MemoryReplica {
         self.shared.0.lock().publishes
     }
 
+    /// The box that writes the stream is gone: every handle that claimed the stream so far is
+    /// fenced off from now on (its threads may still run in a test; a lost box's do not),
+    /// while the stream keeps its writer entry, so a restore takes it over as from a lost box.
+    pub fn cut_off(&self) {
+        self.shared.0.lock().generation += 1;
+        self.shared.1.notify_all();
+    }
+
     /// The stream's writer now.
     pub fn writer(&self) -> Option<WriterIdentity> {
         self.shared.0.lock().writer.clone()

@@ -77,8 +77,10 @@ fn shipping(clock: &ManualClock, replica: &MemoryReplica, mode: Shipping) -> ide
     builder(clock).ship(replica.handle(), mode)
 }
 
-/// The box is lost: no clean close, no release of the stream.
-fn lose(store: Store) {
+/// The box is lost: no clean close, no release of the stream, and nothing more from it (its
+/// shipper's threads, still running in this process, are cut off from the stream).
+fn lose(store: Store, replica: &MemoryReplica) {
+    replica.cut_off();
     std::mem::forget(store);
 }
 
@@ -143,7 +145,7 @@ fn async_shipping_restores_every_acknowledged_pair_after_the_box_is_lost() -> Te
         .shipping
         .ok_or("no shipping stats")?
         .durable_frame;
-    lose(store);
+    lose(store, &replica);
 
     let restored = Store::restore(&replica.handle(), dir.path().join("new"), Takeover::Yes)?;
     assert_eq!(restored.last_frame, durable);
@@ -274,7 +276,7 @@ fn random_keys_over_a_ttl_with_eviction_restore_record_for_record() -> TestResul
         snapshots >= 2,
         "snapshots taken while evicting: {snapshots}"
     );
-    lose(primary);
+    lose(primary, &replica);
 
     let store = restore(&replica, &dir.path().join("new"), &clock)?;
     for (key, want) in keys.iter().zip(&expected) {
@@ -330,7 +332,7 @@ fn a_snapshot_that_cannot_be_made_here_does_not_stop_a_synchronous_store() -> Te
     until("the snapshot to be made", || {
         stats(&store).is_some_and(|s| s.snapshots > before && s.snapshot_error.is_none())
     })?;
-    lose(store);
+    lose(store, &replica);
     let store = restore(&replica, &dir.path().join("new"), &clock)?;
     all_replay(&store, &keys)
 }
@@ -415,7 +417,7 @@ fn a_lost_acknowledgement_is_outcome_unknown_and_the_pair_appears_once_after_the
         other => return Err(format!("expected k1 to replay, got {other:?}").into()),
     }
     assert_eq!(order_count(&store)?, 2);
-    lose(store);
+    lose(store, &replica);
     let store = restore(&replica, &dir.path().join("new"), &clock)?;
     all_replay(&store, &["k0".into(), "k1".into()])
 }
@@ -436,7 +438,7 @@ fn a_synchronous_store_that_falls_back_stays_available_and_catches_up() -> TestR
     assert_eq!(state(&store), Some(ShipState::Unreachable));
     replica.set_fault(ReplicaFault::None);
     until("the replica to catch up", || caught_up(&store))?;
-    lose(store);
+    lose(store, &replica);
     let store = restore(&replica, &dir.path().join("new"), &clock)?;
     all_replay(&store, &keys)
 }
@@ -466,7 +468,7 @@ fn an_outage_longer_than_the_queue_is_healed_by_a_snapshot() -> TestResult {
     let after = store.stats()?.shipping.ok_or("no shipping stats")?;
     assert!(after.snapshots >= 1, "{after:?}");
     keys.push("first".into());
-    lose(store);
+    lose(store, &replica);
     let store = restore(&replica, &dir.path().join("new"), &clock)?;
     all_replay(&store, &keys)
 }
@@ -492,12 +494,13 @@ fn snapshots_trim_the_stream_and_a_restore_replays_only_the_tail() -> TestResult
             .is_some_and(|s| s.snapshots >= 1)
     })?;
     until("the replica to hold every frame", || caught_up(&store))?;
+    // Lost first: a snapshot that falls due may still be on its way until then.
+    lose(store, &replica);
     let snapshot = replica.snapshot_seq().ok_or("no snapshot")?;
     assert!(
         replica.frame_seqs().iter().all(|&seq| seq > snapshot),
         "frames at or before the snapshot are trimmed"
     );
-    lose(store);
     let restored = Store::restore(&replica.handle(), dir.path().join("new"), Takeover::Yes)?;
     assert_eq!(restored.snapshot, snapshot);
     let store = builder(&clock).open(dir.path().join("new"))?;
@@ -680,7 +683,7 @@ fn a_standby_follows_the_stream_and_takes_over_with_a_short_tail() -> TestResult
     racing.store(false, Ordering::SeqCst);
     let tries = racer.join().map_err(|_| "the racer panicked")??;
     assert!(tries > 0);
-    lose(primary);
+    lose(primary, &replica);
     let took = standby.take_over()?;
     assert!(took.took_over);
     assert_eq!(took.last_frame, durable);
@@ -789,7 +792,7 @@ fn a_standby_step_cut_off_part_way_leaves_a_log_the_next_step_continues() -> Tes
     until("the standby to follow past the cut", || {
         standby.status().last_frame == durable
     })?;
-    lose(primary);
+    lose(primary, &replica);
     let took = standby.take_over()?;
     assert_eq!(took.last_frame, durable);
     let store = builder(&clock).open(dir.path().join("standby"))?;
@@ -837,7 +840,7 @@ fn a_refused_take_over_gives_the_standby_back_still_following() -> TestResult {
     until("the standby to follow again", || {
         standby.status().last_frame == durable
     })?;
-    lose(primary);
+    lose(primary, &replica);
     moving.store(false, Ordering::SeqCst);
     let took = standby.take_over()?;
     assert!(took.took_over);
@@ -927,7 +930,7 @@ fn a_failed_log_sync_while_the_replica_is_down_loses_nothing_acknowledged_anywhe
     // The power goes: what the disk synced survives, and the process writes nothing more
     // (a clean close would seal a partition and ship it past the image).
     let image = disk.crash_image(Tear::Drop);
-    lose(store);
+    lose(store, &replica);
     let reopened = open(&image)?;
     for key in &acknowledged {
         assert!(
@@ -1009,7 +1012,7 @@ fn reads_see_every_acknowledged_write_while_a_synchronous_store_waits_for_its_re
         until("the store to heal", || {
             store.stats().is_ok_and(|s| s.poisoned.is_none()) && caught_up(&store)
         })?;
-        lose(store);
+        lose(store, &replica);
         let restored = restore(&replica, &dir.path().join("new"), &clock)?;
         for key in &acked {
             assert!(
