@@ -152,7 +152,7 @@ pub use model::replica::{
     WriterIdentity,
 };
 pub use model::response::Response;
-pub use model::restore::RestoreWindow;
+pub use model::restore::{Lineage, RestoreWindow};
 pub use model::scope::{Scope, ScopePart};
 pub use model::stats::Stats;
 #[cfg(feature = "postgres")]

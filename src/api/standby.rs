@@ -110,7 +110,7 @@ impl Standby {
         let dir = dir.as_ref().to_path_buf();
         let source: Arc<dyn ReplicaSource + Send + Sync> = Arc::new(source);
         let started = Instant::now();
-        let (position, lock) = engine::build(source.as_ref(), &dir, engine::lock)?;
+        let (position, lock) = engine::build(source.as_ref(), &dir, Takeover::No, engine::lock)?;
         engine::finish(source.as_ref(), &dir, position, Takeover::No, started)?;
         let state = Arc::new((
             Mutex::new(State {

@@ -13,7 +13,7 @@
 //! The backup runs on the caller's thread, never the writer's: the writer goes on committing
 //! while the tables are copied, and only the snapshot (a redb read transaction) is held.
 //!
-//! Every copy is marked as a restore that may lag (`meta::set_restore_pending`,
+//! Every copy is marked as a restore that may lag (`restore_mark::set_pending`,
 //! [`Guarantee::MayLag`], with the last log frame its snapshot holds): the store it was taken
 //! from goes on acknowledging writes the copy lacks. The copy's first open starts its restore
 //! window (`model::restore`), in which unknown keys answer `Recovered`.
@@ -37,6 +37,8 @@ use crate::engine::tables::database::DbSlot;
 use crate::engine::tables::layout::InternalTables;
 use crate::engine::tables::meta;
 use crate::engine::tables::registry::{Registry, TableOps};
+use crate::engine::tables::restore_mark;
+use crate::model::restore::PendingRestore;
 
 /// Entries copied, by what they are.
 #[derive(Debug, Default)]
@@ -186,7 +188,22 @@ impl Copier {
         // writes: opened in its place, it may lack some, so it is marked as a restore that may
         // lag (a restore that knows better, from a replica's frames, marks it again).
         copied.last_frame = meta::applied(snapshot)?;
-        meta::set_restore_pending(&txn, Guarantee::MayLag, copied.last_frame)?;
+        let now = self.config.clock.now();
+        restore_mark::set_pending(
+            &txn,
+            PendingRestore {
+                guarantee: Guarantee::MayLag,
+                last_frame: copied.last_frame,
+                // A store inside a window of its own passes it on, as its frames do.
+                window_end: self
+                    .config
+                    .restore
+                    .restored()
+                    .filter(|w| w.may_have_run_elsewhere(now))
+                    .map(|w| w.ends_at),
+                not_before: now,
+            },
+        )?;
         txn.commit()?;
         Ok(copied)
     }

@@ -193,9 +193,10 @@ impl Engine {
             .log
             .as_ref()
             .map_or(0, |(_, start)| start.next_seq - 1);
-        let shipper = shipping::start(shipping, &storage, config.memory().ship_queue, durable)?;
         let mut config = config;
         config.restore = config.restore.opened(restored, config.ttl);
+        let epoch = recovery::guarded(&storage, || tables::meta::writer_epoch(&db))?;
+        let shipper = shipping::start(shipping, &storage, &config, epoch, durable)?;
         let config = Arc::new(config);
         let (queue, receiver) = sync_channel(config.max_batch.saturating_mul(QUEUE_PER_BATCH));
         let shared = Shared {
@@ -294,7 +295,11 @@ fn prepare(
     // Before anything is replayed or served: the window of a restored store starts at its
     // first open, durably, so a crash or a reopen does not restart it.
     let restored = recovery::guarded(storage, || {
-        tables::meta::start_restore_window(db, config.clock.now())
+        tables::restore_mark::start_window(
+            db,
+            config.clock.now(),
+            config.restore.length(config.ttl),
+        )
     })?;
     // Replay whatever the log holds past the checkpoint, in either durability mode: a store
     // last opened with the log must not lose it when reopened without.

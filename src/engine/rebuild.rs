@@ -18,10 +18,12 @@ use std::time::Instant;
 
 use redb::Database;
 
-use crate::engine::tables::meta;
+use crate::engine::tables::{meta, restore_mark};
 use crate::error::{ReplicaError, RestoreError};
 use crate::model::maintenance::{Restored, Takeover};
-use crate::model::replica::{Guarantee, WriterIdentity};
+use crate::model::replica::WriterIdentity;
+use crate::model::restore::{Lineage, PendingRestore};
+use crate::model::writer_epoch::follows;
 use crate::storage::{
     BackupDir, DB_FILE, DirLock, LOG_DIR, create_private, create_private_dir, swap_in_dir, sync_dir,
 };
@@ -35,8 +37,8 @@ pub(crate) struct Position {
     pub(crate) snapshot: u64,
     /// The last frame written into the log.
     pub(crate) last: u64,
-    /// What the last frame (or the snapshot) was shipped with.
-    pub(crate) guarantee: Guarantee,
+    /// What the snapshot and the frames were shipped with, merged in the stream's order.
+    pub(crate) lineage: Lineage,
     /// Frames written after the snapshot.
     pub(crate) frames: u64,
     /// Where the log's end marker is, in the restored segment: the next step writes from
@@ -52,15 +54,15 @@ pub(crate) fn rebuild(
     takeover: Takeover,
 ) -> Result<Restored, RestoreError> {
     let started = Instant::now();
-    let (position, ()) = build(source, dest, |_| Ok(()))?;
-    // A refused take-over leaves nothing at `dest`: a restore is all or nothing.
-    finish(source, dest, position, takeover, started).inspect_err(|_| {
-        let _ = std::fs::remove_dir_all(dest);
-    })
+    crate::storage::remove_dead_leftovers(dest);
+    let (position, ()) = build(source, dest, takeover, |_| Ok(()))?;
+    Ok(report(dest, position, takeover, started))
 }
 
-/// Makes the rebuilt store at `dest` the stream's writer if asked, and says what it holds.
-/// A refused take-over leaves `dest` as it is (a standby goes on following it).
+/// Makes the rebuilt store at `dest` (a standby's, in place and locked) the stream's writer
+/// if asked, and says what it holds. A refused take-over leaves `dest` as it is (a standby
+/// goes on following it). A crash between the take-over and the epoch's commit leaves a store
+/// whose next open is refused as fenced: restore it again.
 pub(crate) fn finish(
     source: &dyn ReplicaSource,
     dest: &Path,
@@ -68,18 +70,49 @@ pub(crate) fn finish(
     takeover: Takeover,
     started: Instant,
 ) -> Result<Restored, RestoreError> {
-    let took_over = match takeover {
-        Takeover::Yes => {
-            source.take_over(&WriterIdentity::this_process(dest), position.last)?;
-            true
-        }
-        Takeover::No => false,
-    };
+    if takeover == Takeover::Yes {
+        let epoch = take_over(source, dest, position)?;
+        let db = Database::builder()
+            .open(dest.join(DB_FILE))
+            .map_err(|e| RestoreError::Meta(std::sync::Arc::new(e.into())))?;
+        write_epoch(&db, epoch)?;
+    }
+    Ok(report(dest, position, takeover, started))
+}
+
+/// Takes the stream over for the store being built at `dir` (whose identity is the
+/// destination's), past every epoch the restore saw; returns the new epoch.
+fn take_over(
+    source: &dyn ReplicaSource,
+    dest: &Path,
+    position: Position,
+) -> Result<u64, RestoreError> {
+    let me = WriterIdentity::this_process(dest);
+    let epoch = source.take_over(&me, position.last, position.lineage.epoch)?;
+    assert!(
+        epoch > position.lineage.epoch,
+        "a take-over's epoch is past every epoch the restore read"
+    );
+    Ok(epoch)
+}
+
+/// Records the store's writer epoch in its metadata, durably.
+fn write_epoch(db: &Database, epoch: u64) -> Result<(), RestoreError> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    meta::set_writer_epoch(&txn, epoch)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// What a finished restore holds, logged.
+fn report(dest: &Path, position: Position, takeover: Takeover, started: Instant) -> Restored {
+    let took_over = takeover == Takeover::Yes;
     let restored = Restored {
         snapshot: position.snapshot,
         frames: position.frames,
         last_frame: position.last,
-        guarantee: position.guarantee,
+        guarantee: position.lineage.guarantee,
         took_over,
         duration: started.elapsed(),
     };
@@ -93,16 +126,18 @@ pub(crate) fn finish(
         ms = restored.duration.as_millis() as u64,
         "restored the store from its replica"
     );
-    Ok(restored)
+    restored
 }
 
 /// Builds the store at `dest` (absent, or an empty directory) beside it and renames it into
-/// place; says where its log ends. `before_place` runs on the finished directory just before
-/// it is renamed (a standby takes the directory's lock there, so that it holds it from the
-/// moment the store is at `dest`). [`finish`] completes a restore.
+/// place; says where its log ends. With [`Takeover::Yes`] the stream is taken over before
+/// the rename, and the new epoch is in the store's metadata when it lands. `before_place`
+/// runs on the finished directory just before it is renamed (a standby takes the directory's
+/// lock there, so that it holds it from the moment the store is at `dest`).
 pub(crate) fn build<T>(
     source: &dyn ReplicaSource,
     dest: &Path,
+    takeover: Takeover,
     before_place: impl FnOnce(&Path) -> Result<T, RestoreError>,
 ) -> Result<(Position, T), RestoreError> {
     let dir = BackupDir::create(dest)?;
@@ -130,13 +165,20 @@ pub(crate) fn build<T>(
     let mut position = Position {
         snapshot: snapshot.seq,
         last: snapshot.seq,
-        guarantee: snapshot.guarantee,
+        lineage: snapshot.lineage,
         frames: 0,
         end: 0,
     };
     append(source, &segment, tail, &mut position)?;
     sync_dir(&wal).map_err(io(&wal))?;
     mark(&db, position)?;
+    // A copy that does not take the stream over writes no stream of its own yet: it has no
+    // epoch on any (a snapshot carries its old store's).
+    let epoch = match takeover {
+        Takeover::Yes => take_over(source, dest, position)?,
+        Takeover::No => 0,
+    };
+    write_epoch(&db, epoch)?;
     let held = before_place(&building)?;
     dir.place(db)?;
     Ok((position, held))
@@ -200,7 +242,7 @@ fn rebase(source: &dyn ReplicaSource, dest: &Path) -> Result<(Position, DirLock)
     let old = parent.join(format!(".{name}.old-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&fresh);
     let _ = std::fs::remove_dir_all(&old);
-    let (position, lock) = build(source, &fresh, lock)?;
+    let (position, lock) = build(source, &fresh, Takeover::No, lock)?;
     let replaced = swap_in_dir(dest, &fresh, &old).map_err(io(dest))?;
     let _ = std::fs::remove_dir_all(replaced);
     Ok((position, lock))
@@ -225,12 +267,20 @@ fn append(
 ) -> Result<(), RestoreError> {
     let mut written: Result<(), std::io::Error> = Ok(());
     let read = source.frames_after(position.last, &mut |frame, shipped_with| {
+        if !follows(position.lineage.epoch, shipped_with.epoch) {
+            return Err(ReplicaError::Corrupt {
+                detail: format!(
+                    "frame {} was shipped at writer epoch {}, after a frame or snapshot of epoch {}: a fenced writer's frame in the stream",
+                    frame.seq, shipped_with.epoch, position.lineage.epoch
+                ),
+            });
+        }
         tail.append(frame.seq, &frame.payload).map_err(|e| {
             let detail = e.to_string();
             written = Err(e);
             ReplicaError::Refused { detail }
         })?;
-        position.guarantee = shipped_with;
+        position.lineage = position.lineage.then(shipped_with);
         position.last = frame.seq;
         position.frames += 1;
         Ok(())
@@ -242,12 +292,21 @@ fn append(
 }
 
 /// Writes the restored store's metadata: the log goes on from the snapshot's frame, in the
-/// restored segment, and the store was restored up to `position.last` with its guarantee.
+/// restored segment, and the store was restored up to `position.last` with its lineage.
 fn mark(db: &Database, position: Position) -> Result<(), RestoreError> {
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
     meta::set_log_checkpoint(&txn, position.snapshot, TAIL_SEGMENT)?;
-    meta::set_restore_pending(&txn, position.guarantee, position.last)?;
+    let lineage = position.lineage;
+    restore_mark::set_pending(
+        &txn,
+        PendingRestore {
+            guarantee: lineage.guarantee,
+            last_frame: position.last,
+            window_end: lineage.window_end,
+            not_before: lineage.newest,
+        },
+    )?;
     txn.commit()?;
     Ok(())
 }

@@ -16,6 +16,7 @@ use super::Engine;
 use super::backup::Copier;
 use crate::error::{BackupError, OpenError};
 use crate::model::backoff::Doubling;
+use crate::model::config::Config;
 use crate::model::replica::WriterIdentity;
 use crate::storage::{DB_FILE, Storage};
 use crate::wal::ship::{ShipOptions, ShipSettings, Shipper};
@@ -33,7 +34,8 @@ const BACKOFF: (std::time::Duration, std::time::Duration) = (
 pub(super) fn start(
     options: Option<ShipOptions>,
     storage: &Storage,
-    queue_bytes: u64,
+    config: &Config,
+    epoch: u64,
     durable: u64,
 ) -> Result<Option<Arc<Shipper>>, OpenError> {
     let Some(options) = options else {
@@ -58,12 +60,15 @@ pub(super) fn start(
     let settings = ShipSettings {
         mode: options.mode,
         me: WriterIdentity::this_process(&dir),
-        queue_bytes,
+        queue_bytes: config.memory().ship_queue,
         ack_timeout: options.ack_timeout,
         open_timeout: options.open_timeout,
         snapshot_bytes: options.snapshot_bytes,
         snapshot_dir,
         backoff: Doubling::new(BACKOFF.0, BACKOFF.1),
+        epoch,
+        window: config.restore.restored(),
+        clock: config.clock.clone(),
     };
     let shipper = Shipper::start(options.replica, settings, durable).map_err(OpenError::Thread)?;
     Ok(Some(Arc::new(shipper)))

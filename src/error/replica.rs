@@ -7,8 +7,8 @@ use crate::model::replica::WriterIdentity;
 #[non_exhaustive]
 pub enum ReplicaError {
     /// The replica did not answer within its time limit, or the connection failed. Nothing
-    /// is known to be lost: shipping tries again.
-    #[error("the replica is unreachable ({detail}); the store ships again once it answers")]
+    /// is known to be lost: a shipping store tries again, a restore must be run again.
+    #[error("the replica is unreachable ({detail})")]
     Unreachable {
         /// What failed.
         detail: String,
@@ -22,6 +22,31 @@ pub enum ReplicaError {
     OtherWriter {
         /// The store that writes the stream.
         holder: WriterIdentity,
+    },
+    /// A take-over gave the stream to another store at a later epoch than this store's (this
+    /// store's log is an older copy of the stream's history), or the stream is another
+    /// store's, closed cleanly: this store must never write it (whatever the writer entry says
+    /// after the new writer's clean close). Only a restore that takes the stream over writes it
+    /// from another store.
+    #[error(
+        "the stream belongs to {} at writer epoch {epoch}: a take-over fenced this store off, or the stream holds another store's history; this store ships nothing more to it; restore from the stream (taking it over) to write it from here",
+        by.as_ref().map_or_else(|| "another store".to_owned(), ToString::to_string)
+    )]
+    Fenced {
+        /// The store that took the stream over (or wrote it last), if the entry names one.
+        by: Option<WriterIdentity>,
+        /// The stream's epoch.
+        epoch: u64,
+    },
+    /// The broker lost acknowledged data: the stream or its writer entry is gone, or the
+    /// stream ends before frames it acknowledged to this writer (a replaced broker, a wiped
+    /// volume). A shipping store claims the stream again and sends a snapshot first.
+    #[error(
+        "the stream lost acknowledged frames ({detail}): the broker was replaced or lost its data; the store claims it again and sends a snapshot of everything it holds"
+    )]
+    Lost {
+        /// What is missing.
+        detail: String,
     },
     /// The stream went past the frames a restore read before it could take the stream over:
     /// the old writer still ships.

@@ -26,7 +26,7 @@ pub enum RestoreError {
     )]
     NoSnapshot,
     /// The replica failed (unreachable, no such stream, frames missing, another writer).
-    #[error("{0}")]
+    #[error("{}{}", .0, again_when(.0))]
     Replica(#[from] ReplicaError),
     /// The snapshot the replica holds is not a store's database of this build.
     #[error(
@@ -54,6 +54,16 @@ pub enum RestoreError {
 }
 
 super::from_redb!(RestoreError::Meta);
+
+/// When a failed restore may be run again, by what the replica said.
+fn again_when(e: &ReplicaError) -> &'static str {
+    match e {
+        ReplicaError::Unreachable { .. } => {
+            "; a restore does not retry: run it again once the replica answers"
+        }
+        _ => "",
+    }
+}
 
 impl From<super::BackupError> for RestoreError {
     fn from(e: super::BackupError) -> Self {

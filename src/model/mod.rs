@@ -22,6 +22,13 @@ pub(crate) mod panic;
 pub(crate) mod record;
 pub(crate) mod replica;
 pub(crate) mod response;
+// Public for the protocol's model checker (`testing::handover`), unreachable without it.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub(crate) mod restore;
 pub(crate) mod scope;
 pub(crate) mod stats;
+// The writer rules are kept by the replicas (`replica::JetStream`, feature `nats`;
+// `testing::MemoryReplica`): a build with neither uses only the shipper's part of them.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+#[cfg_attr(not(any(feature = "nats", feature = "testing")), allow(dead_code))]
+pub(crate) mod writer_epoch;

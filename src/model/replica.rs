@@ -40,7 +40,7 @@ pub enum Unreachable {
 
 /// What a restore may assume about what the old store acknowledged, as shipped with each
 /// frame and snapshot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Guarantee {
     /// Shipped synchronously, refusing while the replica was unreachable: the store
     /// acknowledged nothing the stream lacks.
@@ -152,8 +152,8 @@ pub struct StreamPosition {
 pub struct SnapshotInfo {
     /// Every frame up to this one is in the snapshot; the stream goes on after it.
     pub seq: u64,
-    /// What the store that made it promised.
-    pub guarantee: Guarantee,
+    /// What the store that made it was and promised.
+    pub lineage: crate::model::restore::Lineage,
     /// The snapshot file's size.
     pub bytes: u64,
 }
@@ -214,4 +214,10 @@ pub struct ShippingStats {
     pub snapshot_failures: u64,
     /// Why the last snapshot failed, until one succeeds.
     pub snapshot_error: Option<String>,
+}
+
+impl crate::model::writer_epoch::SameStore for WriterIdentity {
+    fn same_store(&self, other: &Self) -> bool {
+        WriterIdentity::same_store(self, other)
+    }
 }

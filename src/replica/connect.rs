@@ -69,6 +69,8 @@ pub(super) struct Link {
     /// The JetStream context; each call takes a copy with its own time limit.
     js: Context,
     pub(super) names: Names,
+    /// How many servers of a cluster keep each stream and bucket this replica creates.
+    pub(super) replicas: usize,
     /// This replica's claim on the stream, once [`Replica::claim`](crate::Replica::claim)
     /// succeeded.
     pub(super) writer: Mutex<Option<Claimed>>,
@@ -78,6 +80,8 @@ pub(super) struct Link {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Claimed {
     pub(super) me: WriterIdentity,
+    /// The writer epoch it claimed at (`model::writer_epoch`).
+    pub(super) epoch: u64,
     /// Unique to this claim: in every frame it publishes (`Idemstore-Writer`, and the message
     /// ids), so that its own messages are told from anyone else's.
     pub(super) token: String,
@@ -124,6 +128,7 @@ impl JetStream {
                 client,
                 js,
                 names,
+                replicas: 1,
                 writer: Mutex::new(None),
             }),
             bridge,
@@ -131,6 +136,20 @@ impl JetStream {
             writing: Mutex::new(()),
             snapshotting: Mutex::new(()),
         })
+    }
+
+    /// How many servers of a JetStream cluster keep the stream, the writer entry and the
+    /// snapshots this replica creates (default 1; a cluster of three takes 3, and then loses
+    /// nothing acknowledged when one server goes). Streams that already exist keep theirs.
+    ///
+    /// # Panics
+    /// If called after the replica was shared (it is set right after [`JetStream::connect`]).
+    #[must_use]
+    pub fn replicas(mut self, servers: usize) -> JetStream {
+        Arc::get_mut(&mut self.link)
+            .expect("replicas is set before the replica is used")
+            .replicas = servers.clamp(1, 5);
+        self
     }
 
     /// The time limit of each call (default 5 s; at least 10 ms). A call that moves many

@@ -24,7 +24,9 @@ use async_nats::jetstream::message::StreamMessage;
 use async_nats::{HeaderMap, HeaderValue};
 
 use crate::error::ReplicaError;
+use crate::model::clock::Timestamp;
 use crate::model::replica::{Guarantee, WriterIdentity};
+use crate::model::restore::Lineage;
 use crate::wal::ship::ShippedFrame;
 
 pub(super) const SEQ: &str = "Idemstore-Seq";
@@ -32,6 +34,13 @@ pub(super) const GUARANTEE: &str = "Idemstore-Guarantee";
 pub(super) const WRITER: &str = "Idemstore-Writer";
 pub(super) const CHUNK: &str = "Idemstore-Chunk";
 pub(super) const TAKEOVER: &str = "Idemstore-Takeover";
+/// The writer epoch of a frame's store, or the one a take-over's marker starts (absent in
+/// streams written before epochs: 0).
+pub(super) const EPOCH: &str = "Idemstore-Epoch";
+/// The end of the restore window the frame's store was inside, in ms since the epoch.
+pub(super) const WINDOW_END: &str = "Idemstore-Window-End";
+/// The frame's store's clock when it shipped the frame, in ms since the epoch.
+pub(super) const NEWEST: &str = "Idemstore-Newest";
 
 /// Room left in each message for its headers (ours take under 300 bytes).
 const HEADER_ROOM: usize = 4096;
@@ -62,12 +71,13 @@ pub(super) enum Kind {
     Frame {
         seq: u64,
         part: Part,
-        guarantee: Guarantee,
+        /// What its store was: epoch, guarantee, window, time.
+        lineage: Lineage,
         /// The claim that wrote it (see `writer.rs`).
         writer: String,
     },
-    /// A take-over: the stream goes on after frame `after` with another writer.
-    Marker { after: u64 },
+    /// A take-over: the stream goes on after frame `after` with another writer, at `epoch`.
+    Marker { after: u64, epoch: u64 },
 }
 
 impl Kind {
@@ -76,7 +86,15 @@ impl Kind {
     pub(super) fn frame(&self) -> u64 {
         match self {
             Kind::Frame { seq, .. } => *seq,
-            Kind::Marker { after } => *after,
+            Kind::Marker { after, .. } => *after,
+        }
+    }
+
+    /// The writer epoch the message carries.
+    pub(super) fn epoch(&self) -> u64 {
+        match self {
+            Kind::Frame { lineage, .. } => lineage.epoch,
+            Kind::Marker { epoch, .. } => *epoch,
         }
     }
 }
@@ -87,11 +105,17 @@ pub(super) fn parse(stream: &str, at: u64, message: &StreamMessage) -> Result<Ki
     let bad = |what: &str| ReplicaError::Corrupt {
         detail: format!("message {at} of stream {stream} {what}"),
     };
+    let number = |name: &str, what: &str| -> Result<Option<u64>, ReplicaError> {
+        header(name)
+            .map(|text| text.parse().map_err(|_| bad(what)))
+            .transpose()
+    };
+    let epoch = number(EPOCH, "has an unreadable writer epoch")?.unwrap_or(0);
     if let Some(after) = header(TAKEOVER) {
         let after = after
             .parse()
             .map_err(|_| bad("is a take-over marker with an unreadable frame number"))?;
-        return Ok(Kind::Marker { after });
+        return Ok(Kind::Marker { after, epoch });
     }
     let seq: u64 = header(SEQ)
         .ok_or_else(|| bad("is neither a frame nor a take-over marker"))?
@@ -100,6 +124,12 @@ pub(super) fn parse(stream: &str, at: u64, message: &StreamMessage) -> Result<Ki
     let guarantee = header(GUARANTEE)
         .and_then(Guarantee::parse)
         .ok_or_else(|| bad("has no readable guarantee"))?;
+    let lineage = Lineage {
+        epoch,
+        guarantee,
+        window_end: number(WINDOW_END, "has an unreadable window end")?.map(Timestamp::from_millis),
+        newest: Timestamp::from_millis(number(NEWEST, "has an unreadable time")?.unwrap_or(0)),
+    };
     let writer = header(WRITER)
         .ok_or_else(|| bad("names no writer"))?
         .to_owned();
@@ -120,7 +150,7 @@ pub(super) fn parse(stream: &str, at: u64, message: &StreamMessage) -> Result<Ki
     Ok(Kind::Frame {
         seq,
         part,
-        guarantee,
+        lineage,
         writer,
     })
 }
@@ -183,12 +213,17 @@ pub(super) fn split(frames: &[ShippedFrame], token: &str, chunk: usize) -> Vec<O
 pub(super) fn publish(
     out: &Outgoing,
     frames: &[ShippedFrame],
-    guarantee: Guarantee,
+    lineage: &Lineage,
     token: &str,
 ) -> Publish {
     let mut headers = HeaderMap::new();
     headers.insert(SEQ, HeaderValue::from(out.frame));
-    headers.insert(GUARANTEE, guarantee.as_str());
+    headers.insert(GUARANTEE, lineage.guarantee.as_str());
+    headers.insert(EPOCH, HeaderValue::from(lineage.epoch));
+    if let Some(end) = lineage.window_end {
+        headers.insert(WINDOW_END, HeaderValue::from(end.as_millis()));
+    }
+    headers.insert(NEWEST, HeaderValue::from(lineage.newest.as_millis()));
     headers.insert(WRITER, token);
     if let Part::Chunk { index, count } = out.part {
         headers.insert(CHUNK, format!("{index}/{count}").as_str());
@@ -201,13 +236,14 @@ pub(super) fn publish(
 }
 
 /// The take-over marker after frame `after`, by `me`.
-pub(super) fn marker(after: u64, me: &WriterIdentity) -> Result<Publish, ReplicaError> {
+pub(super) fn marker(after: u64, epoch: u64, me: &WriterIdentity) -> Result<Publish, ReplicaError> {
     let identity = serde_json::to_vec(me).map_err(|e| ReplicaError::Refused {
         detail: format!("could not write the new writer's identity: {e}"),
     })?;
     let nanos = super::unix_nanos();
     let mut headers = HeaderMap::new();
     headers.insert(TAKEOVER, HeaderValue::from(after));
+    headers.insert(EPOCH, HeaderValue::from(epoch));
     Ok(Publish::build()
         .payload(identity.into())
         .headers(headers)

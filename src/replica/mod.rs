@@ -14,7 +14,8 @@
 //! - `stream`: the log stream opened or created, its messages read, where it ends;
 //! - `publish`: frames sent pipelined, deduplicated and fenced;
 //! - `read`: frames read back, joined and checked for gaps;
-//! - `writer`: the writer entry (claim, release, take-over, snapshot commit);
+//! - `entry`: the writer entry's format, read and written by compare-and-set;
+//! - `writer`: what changes the entry (claim, release, take-over, snapshot commit);
 //! - `snapshots`: the snapshot objects, and the frames they let go;
 //! - `shipping`: the two traits, over the modules above;
 //! - `errors`: what a NATS failure means (unreachable, or refused).
@@ -23,6 +24,7 @@
 
 mod bridge;
 mod connect;
+mod entry;
 mod errors;
 mod messages;
 mod names;

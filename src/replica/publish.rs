@@ -34,7 +34,7 @@ use super::messages::{self, Kind, Outgoing};
 use super::stream::{self, Missing};
 use super::writer;
 use crate::error::ReplicaError;
-use crate::model::replica::Guarantee;
+use crate::model::restore::Lineage;
 use crate::wal::ship::ShippedFrame;
 
 /// The most messages awaiting an acknowledgement (JetStream's client allows 5,000).
@@ -58,7 +58,7 @@ pub(super) async fn publish(
     link: Arc<Link>,
     js: Context,
     frames: Vec<ShippedFrame>,
-    guarantee: Guarantee,
+    lineage: Lineage,
     progress: Progress,
 ) -> Result<(), ReplicaError> {
     let claimed = link.writer.lock().clone().ok_or_else(writer::not_claimed)?;
@@ -104,7 +104,7 @@ pub(super) async fn publish(
             &link,
             &js,
             &fresh,
-            guarantee,
+            &lineage,
             &claimed.token,
             &out[from..],
             last_seq,
@@ -139,7 +139,7 @@ async fn round(
     link: &Link,
     js: &Context,
     frames: &[ShippedFrame],
-    guarantee: Guarantee,
+    lineage: &Lineage,
     token: &str,
     out: &[Outgoing],
     last_seq: u64,
@@ -156,7 +156,7 @@ async fn round(
                 settle(link, out, j, ack, progress).await?;
             }
         }
-        let publish = messages::publish(message, frames, guarantee, token);
+        let publish = messages::publish(message, frames, lineage, token);
         let publish = match k {
             0 => publish.expected_last_sequence(last_seq),
             _ => publish.expected_last_message_id(&out[k - 1].id),
@@ -196,6 +196,9 @@ async fn settle(
         {
             Err(Stop::Fenced { at: j })
         }
+        Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+            Err(Stop::Failed(no_stream(link, &out[j]).await))
+        }
         Err(e) => Err(Stop::Failed(publish_failed(
             &link.client,
             &sending(link, &out[j]),
@@ -215,6 +218,21 @@ fn stored(link: &Link, message: &Outgoing, at: u64) {
     }
 }
 
+/// A publish that found no stream: the broker lost it, or it is between leaders (a cluster's
+/// election answers "no responders" too). Asked once: gone is [`ReplicaError::Lost`].
+async fn no_stream(link: &Link, message: &Outgoing) -> ReplicaError {
+    let js = async_nats::jetstream::new(link.client.clone());
+    match stream::open(link, &js, Missing::Lost).await {
+        Err(e @ ReplicaError::Lost { .. }) => e,
+        _ => ReplicaError::Unreachable {
+            detail: format!(
+                "{}: no server answered for the stream",
+                sending(link, message)
+            ),
+        },
+    }
+}
+
 fn sending(link: &Link, message: &Outgoing) -> String {
     format!(
         "publishing frame {} to the stream {}",
@@ -231,8 +249,9 @@ async fn resume(
     at: usize,
     token: &str,
 ) -> Result<usize, ReplicaError> {
-    let log = stream::open(link, js, Missing::Refuse).await?;
+    let log = stream::open(link, js, Missing::Lost).await?;
     let tail = stream::tail(link, &log).await?;
+    let acknowledged = link.writer.lock().as_ref().map_or(0, |c| c.last_frame);
     let last = match &tail.last {
         Some((
             Kind::Frame {
@@ -241,14 +260,19 @@ async fn resume(
             _,
         )) if writer == token => Some((*seq, *part)),
         Some((Kind::Frame { .. }, _)) | Some((Kind::Marker { .. }, _)) => {
-            return Err(writer::other_writer(link, js, tail.last.as_ref().map(|(_, m)| m)).await);
+            return Err(writer::other_writer(link, js, tail.last.as_ref()).await);
         }
         // Emptied by a snapshot: whose, the writer entry says.
         None => {
-            writer::still_writer(link, js).await?;
+            let snapshot = writer::still_writer(link, js).await?;
+            writer::lost_below(link, snapshot.map_or(0, |s| s.seq), acknowledged)?;
             None
         }
     };
+    if let Some((seq, _)) = last {
+        let snapshot = writer::still_writer(link, js).await?;
+        writer::lost_below(link, seq.max(snapshot.map_or(0, |s| s.seq)), acknowledged)?;
+    }
     if let Some(claimed) = link.writer.lock().as_mut() {
         claimed.last_seq = tail.last_seq;
         if let Some((seq, part)) = last

@@ -21,7 +21,7 @@ use super::connect::Link;
 use super::messages::{Kind, Part};
 use super::stream::{self, Missing};
 use crate::error::ReplicaError;
-use crate::model::replica::Guarantee;
+use crate::model::restore::Lineage;
 use crate::wal::ship::ShippedFrame;
 
 /// How many messages are requested ahead of the one being joined.
@@ -32,7 +32,7 @@ pub(super) const WAITING: usize = 4;
 /// What the reader hands the caller.
 pub(super) enum Item {
     /// A frame to call back with; the permit goes back once the callback returned.
-    Frame(ShippedFrame, Guarantee, OwnedSemaphorePermit),
+    Frame(ShippedFrame, Lineage, OwnedSemaphorePermit),
     /// The read ended: the stream's last frame, or why it failed.
     Done(Result<u64, ReplicaError>),
 }
@@ -87,7 +87,7 @@ async fn frames(
             None => break,
         };
         progress.tick();
-        if let Some((frame, guarantee)) = joiner.push(at, kind, &message.payload)? {
+        if let Some((frame, lineage)) = joiner.push(at, kind, &message.payload)? {
             let permit =
                 permits
                     .clone()
@@ -96,7 +96,7 @@ async fn frames(
                     .map_err(|_| ReplicaError::Unreachable {
                         detail: "the restore stopped reading".to_owned(),
                     })?;
-            if tx.send(Item::Frame(frame, guarantee, permit)).is_err() {
+            if tx.send(Item::Frame(frame, lineage, permit)).is_err() {
                 return Ok(joiner.finish()); // the caller stopped waiting
             }
         }
@@ -134,7 +134,7 @@ pub(super) struct Joiner {
     /// The last complete frame seen.
     last: Option<u64>,
     /// A chunked frame being joined: its number, the next chunk expected, the chunk count,
-    /// its guarantee and its bytes so far.
+    /// its lineage and its bytes so far.
     partial: Option<Partial>,
 }
 
@@ -143,7 +143,7 @@ struct Partial {
     seq: u64,
     next: u32,
     count: u32,
-    guarantee: Guarantee,
+    lineage: Lineage,
     bytes: Vec<u8>,
 }
 
@@ -164,23 +164,20 @@ impl Joiner {
         at: u64,
         kind: Kind,
         payload: &[u8],
-    ) -> Result<Option<(ShippedFrame, Guarantee)>, ReplicaError> {
-        let (seq, part, guarantee) = match kind {
+    ) -> Result<Option<(ShippedFrame, Lineage)>, ReplicaError> {
+        let (seq, part, lineage) = match kind {
             Kind::Marker { .. } => {
                 self.partial = None; // a frame its writer never finished
                 return Ok(None);
             }
             Kind::Frame {
-                seq,
-                part,
-                guarantee,
-                ..
-            } => (seq, part, guarantee),
+                seq, part, lineage, ..
+            } => (seq, part, lineage),
         };
-        let (whole, guarantee) = match part {
+        let (whole, lineage) = match part {
             Part::Whole => {
                 self.partial = None; // a torn chunked attempt, sent again whole
-                (payload.to_vec(), guarantee)
+                (payload.to_vec(), lineage)
             }
             Part::Chunk { index: 1, count } => {
                 // A first chunk starts the frame afresh: a torn attempt's prefix is dropped.
@@ -188,13 +185,13 @@ impl Joiner {
                     seq,
                     next: 2,
                     count,
-                    guarantee,
+                    lineage,
                     bytes: payload.to_vec(),
                 });
                 if self.partial.is_some() {
                     return Ok(None);
                 }
-                (payload.to_vec(), guarantee)
+                (payload.to_vec(), lineage)
             }
             Part::Chunk { index, count } => {
                 let Some(partial) = self
@@ -215,20 +212,20 @@ impl Joiner {
                     return Ok(None);
                 }
                 match self.partial.take() {
-                    Some(joined) => (joined.bytes, joined.guarantee),
-                    None => (Vec::new(), guarantee), // just matched: always there
+                    Some(joined) => (joined.bytes, joined.lineage),
+                    None => (Vec::new(), lineage), // just matched: always there
                 }
             }
         };
-        self.complete(seq, guarantee, whole)
+        self.complete(seq, lineage, whole)
     }
 
     fn complete(
         &mut self,
         seq: u64,
-        guarantee: Guarantee,
+        lineage: Lineage,
         payload: Vec<u8>,
-    ) -> Result<Option<(ShippedFrame, Guarantee)>, ReplicaError> {
+    ) -> Result<Option<(ShippedFrame, Lineage)>, ReplicaError> {
         let needed = self.last.unwrap_or(0).max(self.after) + 1;
         if seq > needed {
             return Err(ReplicaError::Corrupt {
@@ -247,7 +244,7 @@ impl Joiner {
             seq,
             payload: Arc::new(payload),
         };
-        Ok(Some((frame, guarantee)))
+        Ok(Some((frame, lineage)))
     }
 
     /// The stream's last frame, or `after` if it is further.
@@ -264,7 +261,7 @@ mod tests {
         Kind::Frame {
             seq,
             part,
-            guarantee: Guarantee::Complete,
+            lineage: Lineage::of(crate::model::replica::Guarantee::Complete),
             writer: "w".to_owned(),
         }
     }
@@ -285,7 +282,7 @@ mod tests {
         let kinds = vec![
             frame(1, Part::Whole),
             frame(2, Part::Whole),
-            Kind::Marker { after: 2 },
+            Kind::Marker { after: 2, epoch: 1 },
             frame(3, Part::Chunk { index: 1, count: 2 }),
             frame(3, Part::Chunk { index: 2, count: 2 }),
             frame(4, Part::Whole),

@@ -14,30 +14,31 @@ use super::errors;
 use super::read::{self, Item};
 use super::{publish, snapshots, writer};
 use crate::error::ReplicaError;
-use crate::model::replica::{Guarantee, SnapshotInfo, StreamPosition, WriterIdentity};
+use crate::model::replica::{SnapshotInfo, StreamPosition, WriterIdentity};
+use crate::model::restore::Lineage;
 use crate::wal::ship::{Replica, ReplicaSource, ShippedFrame};
 
 impl Replica for JetStream {
-    fn claim(&self, me: &WriterIdentity) -> Result<StreamPosition, ReplicaError> {
+    fn claim(&self, me: &WriterIdentity, epoch: u64) -> Result<StreamPosition, ReplicaError> {
         let _writing = self.writing.lock();
-        let claim = writer::claim(self.link.clone(), self.context(), me.clone());
+        let claim = writer::claim(self.link.clone(), self.context(), me.clone(), epoch);
         self.run("claiming the stream", None, claim)
     }
 
-    fn publish(&self, frames: &[ShippedFrame], guarantee: Guarantee) -> Result<(), ReplicaError> {
+    fn publish(&self, frames: &[ShippedFrame], lineage: &Lineage) -> Result<(), ReplicaError> {
         let _writing = self.writing.lock();
         let progress = Progress::default();
         let publish = publish::publish(
             self.link.clone(),
             self.context(),
             frames.to_vec(),
-            guarantee,
+            *lineage,
             progress.clone(),
         );
         self.run("publishing frames", Some(&progress), publish)
     }
 
-    fn snapshot(&self, seq: u64, file: &Path, guarantee: Guarantee) -> Result<(), ReplicaError> {
+    fn snapshot(&self, seq: u64, file: &Path, lineage: &Lineage) -> Result<(), ReplicaError> {
         let _snapshotting = self.snapshotting.lock();
         let progress = Progress::default();
         let upload = snapshots::upload(
@@ -45,7 +46,7 @@ impl Replica for JetStream {
             self.context(),
             seq,
             file.to_path_buf(),
-            guarantee,
+            *lineage,
             progress.clone(),
         );
         self.run("sending a snapshot", Some(&progress), upload)
@@ -85,7 +86,7 @@ impl ReplicaSource for JetStream {
     fn frames_after(
         &self,
         after: u64,
-        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
+        each: &mut dyn FnMut(ShippedFrame, Lineage) -> Result<(), ReplicaError>,
     ) -> Result<u64, ReplicaError> {
         let (tx, rx) = mpsc::channel();
         let permits = Arc::new(Semaphore::new(read::WAITING));
@@ -102,8 +103,8 @@ impl ReplicaSource for JetStream {
         let _reader = self.bridge().spawn(reader);
         loop {
             match bridge::wait(&rx, self.limit(), Some(&progress)) {
-                Ok(Item::Frame(frame, guarantee, permit)) => {
-                    each(frame, guarantee)?;
+                Ok(Item::Frame(frame, lineage, permit)) => {
+                    each(frame, lineage)?;
                     drop(permit);
                 }
                 Ok(Item::Done(done)) => return done,
@@ -113,9 +114,10 @@ impl ReplicaSource for JetStream {
         }
     }
 
-    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
+    fn take_over(&self, me: &WriterIdentity, last: u64, known: u64) -> Result<u64, ReplicaError> {
         let _writing = self.writing.lock();
-        let take_over = writer::take_over(self.link.clone(), self.context(), me.clone(), last);
+        let take_over =
+            writer::take_over(self.link.clone(), self.context(), me.clone(), last, known);
         self.run("taking the stream over", None, take_over)
     }
 }

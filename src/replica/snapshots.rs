@@ -33,7 +33,8 @@ use super::messages;
 use super::stream::{self, Missing};
 use super::writer::{self, SnapshotRef};
 use crate::error::ReplicaError;
-use crate::model::replica::{Guarantee, SnapshotInfo};
+use crate::model::replica::SnapshotInfo;
+use crate::model::restore::Lineage;
 
 /// The snapshot bucket; `None` if it does not exist and `missing` says not to create it.
 pub(super) async fn bucket(
@@ -47,7 +48,7 @@ pub(super) async fn bucket(
         Err(e) => e,
     };
     stream::bucket_absent(link, js, &link.names.snapshots_stream(), name, &opened).await?;
-    if missing == Missing::Refuse {
+    if missing != Missing::Create {
         return Ok(None);
     }
     let config = object_store::Config {
@@ -57,6 +58,7 @@ pub(super) async fn bucket(
             link.names.stream
         )),
         storage: StorageType::File,
+        num_replicas: link.replicas,
         ..Default::default()
     };
     js.create_object_store(config)
@@ -71,7 +73,7 @@ pub(super) async fn upload(
     js: Context,
     seq: u64,
     file: PathBuf,
-    guarantee: Guarantee,
+    lineage: Lineage,
     progress: Progress,
 ) -> Result<(), ReplicaError> {
     link.connected().await;
@@ -118,8 +120,9 @@ pub(super) async fn upload(
             ("idemstore-seq".to_owned(), seq.to_string()),
             (
                 "idemstore-guarantee".to_owned(),
-                guarantee.as_str().to_owned(),
+                lineage.guarantee.as_str().to_owned(),
             ),
+            ("idemstore-epoch".to_owned(), lineage.epoch.to_string()),
         ]),
         headers: None,
     };
@@ -136,12 +139,7 @@ pub(super) async fn upload(
             },
             _ => failed(&link.client, &format!("uploading the snapshot {name}"), &e),
         })?;
-    let reference = SnapshotRef {
-        object: name.clone(),
-        seq,
-        guarantee: guarantee.as_str().to_owned(),
-        bytes: info.size as u64,
-    };
+    let reference = SnapshotRef::new(name.clone(), seq, info.size as u64, &lineage);
     if let Err(e) = writer::commit_snapshot(&link, &js, reference).await {
         let _ = store.delete(&name).await; // never named: nobody reads it
         return Err(e);
@@ -203,18 +201,9 @@ pub(super) async fn latest(
     };
     Ok(Some(SnapshotInfo {
         seq: latest.seq,
-        guarantee: guarantee_of(&latest)?,
+        lineage: latest.lineage()?,
         bytes: latest.bytes,
     }))
-}
-
-fn guarantee_of(latest: &SnapshotRef) -> Result<Guarantee, ReplicaError> {
-    Guarantee::parse(&latest.guarantee).ok_or_else(|| {
-        corrupt(format!(
-            "the snapshot {} has an unknown guarantee {:?}",
-            latest.object, latest.guarantee
-        ))
-    })
 }
 
 /// [`ReplicaSource::fetch_snapshot`](crate::ReplicaSource::fetch_snapshot): the latest
@@ -232,7 +221,7 @@ pub(super) async fn fetch(
     let Some(latest) = writer::latest_snapshot(&link, &js).await? else {
         return Ok(None);
     };
-    let guarantee = guarantee_of(&latest)?;
+    let lineage = latest.lineage()?;
     let missing = || {
         corrupt(format!(
             "the writer entry names the snapshot {}, which the bucket {} does not hold",
@@ -256,12 +245,8 @@ pub(super) async fn fetch(
     let local = |e: std::io::Error| ReplicaError::Refused {
         detail: format!("could not write the snapshot to {}: {e}", file.display()),
     };
-    let mut out = tokio::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&file)
-        .await
-        .map_err(local)?;
+    // Private from its first byte, whatever the umask, as the store's own file.
+    let mut out = tokio::fs::File::from_std(crate::storage::create_private(&file).map_err(local)?);
     created.store(true, Ordering::Relaxed);
     let mut buffer = vec![0; 256 << 10];
     let mut bytes = 0u64;
@@ -296,7 +281,7 @@ pub(super) async fn fetch(
     }
     Ok(Some(SnapshotInfo {
         seq: latest.seq,
-        guarantee,
+        lineage,
         bytes,
     }))
 }

@@ -28,6 +28,8 @@ pub(super) enum Missing {
     Create,
     /// Refuse, naming it (a restore: there is nothing to read).
     Refuse,
+    /// The broker lost it ([`ReplicaError::Lost`]): a writer that claimed it finds it gone.
+    Lost,
 }
 
 /// Whether `error` says the stream does not exist.
@@ -64,6 +66,11 @@ pub(super) async fn open(
     match js.get_stream(name).await {
         Ok(stream) => return Ok(stream),
         Err(e) if not_found(&e) && missing == Missing::Create => {}
+        Err(e) if not_found(&e) && missing == Missing::Lost => {
+            return Err(ReplicaError::Lost {
+                detail: format!("the stream {name} is gone from NATS at {}", link.url),
+            });
+        }
         Err(e) if not_found(&e) => {
             return Err(ReplicaError::Refused {
                 detail: format!(
@@ -91,6 +98,7 @@ pub(super) async fn open(
         duplicate_window: DUPLICATE_WINDOW,
         allow_direct: true,
         deny_delete: true,
+        num_replicas: link.replicas,
         ..Default::default()
     };
     js.create_stream(config)
@@ -177,7 +185,7 @@ pub(super) async fn tail(link: &Link, stream: &Stream) -> Result<Tail, ReplicaEr
             Kind::Frame { seq, part, .. } if part.completes() => *seq,
             // A frame torn by its writer's crash: the one before it is the last complete.
             Kind::Frame { seq, .. } => seq.saturating_sub(1),
-            Kind::Marker { after } => *after,
+            Kind::Marker { after, .. } => *after,
         };
         return Ok(Tail {
             first_seq: state.first_sequence,

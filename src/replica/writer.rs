@@ -3,155 +3,51 @@
 //! change it.
 //!
 //! ```text
-//! {"version":1,
+//! {"version":2,
+//!  "epoch":3,                                                             (raised by take-overs)
 //!  "writer":{"host":"db-1","pid":4242,"dir":"/var/lib/orders/idem"},    (null once released)
-//!  "snapshot":{"object":"snapshot-1200-…","seq":1200,"guarantee":"complete","bytes":8192}}
+//!  "last_writer":{"host":"db-1","pid":4242,"dir":"/var/lib/orders/idem"},  (kept by a release)
+//!  "snapshot":{"object":"snapshot-1200-…","seq":1200,"guarantee":"complete","bytes":8192,
+//!              "epoch":3,"window_end_ms":null,"newest_ms":1765000000000}}
 //! ```
 //!
-//! Every change is a compare-and-set on the entry's revision, so a snapshot is committed only
-//! by the store the entry names: a writer fenced off by a take-over cannot replace the new
-//! writer's snapshot, nor purge its frames (see `snapshots.rs`). A release keeps the snapshot
-//! (the entry stays, naming no writer).
+//! Who may change it is `model::writer_epoch` (the rules every replica applies): a claim at an
+//! epoch below the entry's is refused as fenced whatever else it says, and a release lets the
+//! writer go but keeps the epoch and the last writer. Entries of version 1 read as epoch 0
+//! with no last writer.
 //!
-//! A take-over appends a marker to the stream, then writes the entry: in between, the marker
-//! is the stream's last message, and a claim by any other store that finds it refuses (the
-//! take-over is under way; it also refuses after the take-over, until the new writer has
-//! published: the stream goes on in that store's log). A take-over whose marker is no longer
-//! last when it comes to write the entry gives up ([`ReplicaError::Moved`]): someone published
-//! after it.
+//! Every change is a compare-and-set on the entry's revision, so a snapshot is committed only
+//! by the store the entry names at its epoch: a writer fenced off by a take-over cannot
+//! replace the new writer's snapshot, nor purge its frames (see `snapshots.rs`).
+//!
+//! A take-over appends a marker carrying the new epoch to the stream, then writes the entry:
+//! in between, the marker is the stream's last message, and a claim by any store at an older
+//! epoch that finds it refuses. A take-over whose marker is no longer last when it comes to
+//! write the entry gives up ([`ReplicaError::Moved`]): someone published after it.
+//!
+//! A writer entry or a stream that is gone while a store writes it, or a stream that ends
+//! before what it acknowledged, is a broker that lost its data: [`ReplicaError::Lost`].
 
 use std::sync::Arc;
 
 use async_nats::jetstream::Context;
-use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv;
 use async_nats::jetstream::message::StreamMessage;
-use async_nats::jetstream::stream::{self as js_stream, DiscardPolicy, StorageType};
-use serde::{Deserialize, Serialize};
 
 use super::connect::{Claimed, Link};
-use super::errors::{corrupt, failed};
+use super::entry::{Entry, Written, read, write};
+pub(super) use super::entry::{SnapshotRef, bucket};
+use super::errors::{corrupt, publish_failed};
 use super::messages::{self, Kind};
-use super::names::WRITER_KEY;
 use super::snapshots;
 use super::stream::{self, Missing, Tail};
 use crate::error::ReplicaError;
 use crate::model::replica::{StreamPosition, WriterIdentity};
+use crate::model::writer_epoch::{self, Claim, Refusal, Slot};
 
-/// The entry's format.
-const VERSION: u32 = 1;
 /// How many times a change is tried again when the entry changed under it.
 const TRIES: usize = 3;
-
-/// The writer entry (see the module doc).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct Entry {
-    pub(super) version: u32,
-    pub(super) writer: Option<WriterIdentity>,
-    pub(super) snapshot: Option<SnapshotRef>,
-}
-
-/// The latest snapshot: an object of the snapshot bucket.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct SnapshotRef {
-    pub(super) object: String,
-    pub(super) seq: u64,
-    pub(super) guarantee: String,
-    pub(super) bytes: u64,
-}
-
-/// How a compare-and-set ended.
-enum Written {
-    Revision(u64),
-    Conflict,
-}
-
-/// The writer bucket; `None` if it does not exist and `missing` says not to create it.
-pub(super) async fn bucket(
-    link: &Link,
-    js: &Context,
-    missing: Missing,
-) -> Result<Option<kv::Store>, ReplicaError> {
-    let name = &link.names.writers;
-    let opened = match js.get_key_value(name).await {
-        Ok(store) => return Ok(Some(store)),
-        Err(e) => e,
-    };
-    stream::bucket_absent(link, js, &link.names.writers_stream(), name, &opened).await?;
-    if missing == Missing::Refuse {
-        return Ok(None);
-    }
-    // The bucket's stream as async-nats's `create_key_value` makes it, made here: that call
-    // first reads the account's info, which it cannot parse from a NATS 2.9 server.
-    let config = js_stream::Config {
-        name: link.names.writers_stream(),
-        description: Some(format!(
-            "idemstore: the store writing the stream {}",
-            link.names.stream
-        )),
-        subjects: vec![format!("$KV.{name}.>")],
-        max_messages_per_subject: 1,
-        storage: StorageType::File,
-        allow_rollup: true,
-        deny_delete: true,
-        allow_direct: true,
-        discard: DiscardPolicy::New,
-        ..Default::default()
-    };
-    let what = || format!("creating the bucket {name}");
-    js.create_stream(config)
-        .await
-        .map_err(|e| failed(&link.client, &what(), &e))?;
-    js.get_key_value(name)
-        .await
-        .map(Some)
-        .map_err(|e| failed(&link.client, &what(), &e))
-}
-
-/// The entry and its revision; `None` if there is none.
-async fn read(link: &Link, store: &kv::Store) -> Result<Option<(Entry, u64)>, ReplicaError> {
-    let entry = store.entry(WRITER_KEY).await.map_err(|e| {
-        failed(
-            &link.client,
-            &format!("reading the writer entry of {}", link.names.writers),
-            &e,
-        )
-    })?;
-    let Some(entry) = entry.filter(|e| e.operation == Operation::Put) else {
-        return Ok(None);
-    };
-    let parsed: Entry = serde_json::from_slice(&entry.value).map_err(|e| {
-        corrupt(format!(
-            "the writer entry of {} (revision {}) is not readable: {e}",
-            link.names.writers, entry.revision
-        ))
-    })?;
-    Ok(Some((parsed, entry.revision)))
-}
-
-/// Writes `entry` if the entry is still at revision `over` (or absent, for `None`).
-async fn write(
-    link: &Link,
-    store: &kv::Store,
-    entry: &Entry,
-    over: Option<u64>,
-) -> Result<Written, ReplicaError> {
-    let value = serde_json::to_vec(entry).map_err(|e| ReplicaError::Refused {
-        detail: format!("could not write the writer entry: {e}"),
-    })?;
-    let what = || format!("writing the writer entry of {}", link.names.writers);
-    match over {
-        None => match store.create(WRITER_KEY, value.into()).await {
-            Ok(revision) => Ok(Written::Revision(revision)),
-            Err(e) if e.kind() == CreateErrorKind::AlreadyExists => Ok(Written::Conflict),
-            Err(e) => Err(failed(&link.client, &what(), &e)),
-        },
-        Some(revision) => match store.update(WRITER_KEY, value.into(), revision).await {
-            Ok(revision) => Ok(Written::Revision(revision)),
-            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(Written::Conflict),
-            Err(e) => Err(failed(&link.client, &what(), &e)),
-        },
-    }
-}
 
 /// A token unique to one claim: the entry's revision it wrote, and the time.
 fn token(revision: u64) -> String {
@@ -164,6 +60,7 @@ pub(super) async fn claim(
     link: Arc<Link>,
     js: Context,
     me: WriterIdentity,
+    epoch: u64,
 ) -> Result<StreamPosition, ReplicaError> {
     link.connected().await;
     let log = stream::open(&link, &js, Missing::Create).await?;
@@ -172,19 +69,21 @@ pub(super) async fn claim(
     // A take-over by another store that has appended its marker and not yet written the
     // entry: that store has the stream. Looked for before the entry is touched, and again
     // after (the marker may land in between; the entry is then given back).
-    foreign_marker(&stream::tail(&link, &log).await?, &me)?;
-    let taken = take(&link, &store, &me).await?;
+    tail_refuses(&stream::tail(&link, &log).await?, &me, epoch)?;
+    let taken = take(&link, &store, &me, epoch).await?;
     let tail = stream::tail(&link, &log).await?;
-    if let Err(e) = foreign_marker(&tail, &me) {
-        let _ = write(&link, &store, &taken.before, Some(taken.revision)).await;
+    if let Err(e) = tail_refuses(&tail, &me, epoch) {
+        if let Some(before) = &taken.before {
+            let _ = write(&link, &store, before, Some(taken.revision)).await;
+        }
         return Err(e);
     }
-    let (revision, snapshot) = (taken.revision, taken.before.snapshot);
-    let snapshot_seq = snapshot.as_ref().map(|s| s.seq);
+    let snapshot_seq = taken.snapshot.as_ref().map(|s| s.seq);
     let last_frame = tail.last_frame.max(snapshot_seq.unwrap_or(0));
     *link.writer.lock() = Some(Claimed {
         me,
-        token: token(revision),
+        epoch,
+        token: token(taken.revision),
         last_seq: tail.last_seq,
         last_frame,
     });
@@ -203,56 +102,87 @@ async fn created(link: &Link, js: &Context) -> Result<kv::Store, ReplicaError> {
         })
 }
 
-/// What [`take`] did: the entry's revision it wrote, and the entry before (as it is given
-/// back; a released one if there was none).
+/// What [`take`] did: the entry's revision it wrote, the entry before (to give back; `None`
+/// if there was none) and the snapshot it names.
 struct Taken {
     revision: u64,
-    before: Entry,
+    before: Option<Entry>,
+    snapshot: Option<SnapshotRef>,
 }
 
-/// Makes `me` the entry's writer, if it names none, or this same store.
-async fn take(link: &Link, store: &kv::Store, me: &WriterIdentity) -> Result<Taken, ReplicaError> {
+/// Makes `me` the entry's writer at `epoch`, if the rules let it.
+async fn take(
+    link: &Link,
+    store: &kv::Store,
+    me: &WriterIdentity,
+    epoch: u64,
+) -> Result<Taken, ReplicaError> {
     for _ in 0..TRIES {
         let current = read(link, store).await?;
-        let (before, over) = match current {
-            None => (
-                Entry {
-                    version: VERSION,
-                    writer: None,
-                    snapshot: None,
-                },
-                None,
-            ),
-            Some((entry, revision)) => match &entry.writer {
-                Some(holder) if !holder.same_store(me) => {
-                    return Err(ReplicaError::OtherWriter {
-                        holder: holder.clone(),
-                    });
-                }
-                _ => (entry, Some(revision)),
-            },
-        };
-        let entry = Entry {
-            version: VERSION,
-            writer: Some(me.clone()),
-            snapshot: before.snapshot.clone(),
-        };
+        let slot = current.as_ref().map(|(e, _)| e.slot());
+        match writer_epoch::claim(slot.as_ref(), me, epoch) {
+            Claim::Take => {}
+            Claim::Fenced { by, epoch } => return Err(ReplicaError::Fenced { by, epoch }),
+            Claim::OtherWriter(holder) => return Err(ReplicaError::OtherWriter { holder }),
+        }
+        let snapshot = current.as_ref().and_then(|(e, _)| e.snapshot.clone());
+        let entry = Entry::of(writer_epoch::claimed(me, epoch), snapshot.clone());
+        let over = current.as_ref().map(|(_, r)| *r);
         if let Written::Revision(revision) = write(link, store, &entry, over).await? {
-            return Ok(Taken { revision, before });
+            return Ok(Taken {
+                revision,
+                before: current.map(|(e, _)| e),
+                snapshot,
+            });
         }
     }
     Err(changing(link))
 }
 
-/// `OtherWriter` if the stream ends with another store's take-over marker.
-fn foreign_marker(tail: &Tail, me: &WriterIdentity) -> Result<(), ReplicaError> {
-    if let Some((Kind::Marker { .. }, message)) = &tail.last
-        && let Some(by) = messages::marker_identity(message)
+/// Refused if the stream ends with a message of a later epoch than `epoch` (a take-over's
+/// marker whose entry is not written yet), or with a marker of another store at the same
+/// epoch (a take-over written before epochs).
+fn tail_refuses(tail: &Tail, me: &WriterIdentity, epoch: u64) -> Result<(), ReplicaError> {
+    let Some((kind, message)) = &tail.last else {
+        return Ok(());
+    };
+    let by = match kind {
+        Kind::Marker { .. } => messages::marker_identity(message),
+        Kind::Frame { .. } => None,
+    };
+    if kind.epoch() > epoch {
+        return Err(ReplicaError::Fenced {
+            by,
+            epoch: kind.epoch(),
+        });
+    }
+    if let Some(by) = by
+        && kind.epoch() == epoch
         && !by.same_store(me)
     {
         return Err(ReplicaError::OtherWriter { holder: by });
     }
     Ok(())
+}
+
+/// The error a refusal of the rules is.
+fn refused(link: &Link, refusal: Refusal<WriterIdentity>) -> ReplicaError {
+    match refusal {
+        Refusal::Fenced { by, epoch } => ReplicaError::Fenced { by, epoch },
+        Refusal::OtherWriter(holder) => ReplicaError::OtherWriter { holder },
+        Refusal::NotClaimed => ReplicaError::Refused {
+            detail: format!(
+                "the stream {} is no longer this writer's: its claim was released; claim it again",
+                link.names.stream
+            ),
+        },
+        Refusal::Lost => ReplicaError::Lost {
+            detail: format!(
+                "the writer entry of {} is gone, or older than this writer's epoch",
+                link.names.writers
+            ),
+        },
+    }
 }
 
 fn changing(link: &Link) -> ReplicaError {
@@ -264,19 +194,22 @@ fn changing(link: &Link) -> ReplicaError {
     }
 }
 
-/// [`Replica::release`](crate::Replica::release): the entry names no writer any more, if it
-/// still named `me`.
+/// [`Replica::release`](crate::Replica::release): the writer goes, the epoch stays.
 pub(super) async fn release(
     link: Arc<Link>,
     js: Context,
     me: WriterIdentity,
 ) -> Result<(), ReplicaError> {
-    {
+    let claimed = {
         let mut writer = link.writer.lock();
-        if writer.as_ref().is_some_and(|c| c.me == me) {
-            *writer = None;
+        match writer.as_ref() {
+            Some(c) if c.me == me => writer.take(),
+            _ => None,
         }
-    }
+    };
+    let Some(claimed) = claimed else {
+        return Ok(()); // never claimed here, or taken over since
+    };
     link.connected().await;
     let Some(store) = bucket(&link, &js, Missing::Refuse).await? else {
         return Ok(());
@@ -285,13 +218,10 @@ pub(super) async fn release(
         let Some((entry, revision)) = read(&link, &store).await? else {
             return Ok(());
         };
-        if entry.writer.as_ref() != Some(&me) {
+        let Some(slot) = writer_epoch::released(&entry.slot(), &me, claimed.epoch) else {
             return Ok(()); // not ours any more
-        }
-        let released = Entry {
-            writer: None,
-            ..entry
         };
+        let released = Entry::of(slot, entry.snapshot);
         if let Written::Revision(_) = write(&link, &store, &released, Some(revision)).await? {
             return Ok(());
         }
@@ -305,7 +235,8 @@ pub(super) async fn take_over(
     js: Context,
     me: WriterIdentity,
     last: u64,
-) -> Result<(), ReplicaError> {
+    known: u64,
+) -> Result<u64, ReplicaError> {
     link.connected().await;
     let log = stream::open(&link, &js, Missing::Create).await?;
     let store = created(&link, &js).await?;
@@ -314,107 +245,119 @@ pub(super) async fn take_over(
         let current = read(&link, &store).await?;
         let snapshot = current.as_ref().and_then(|(e, _)| e.snapshot.clone());
         let tail = stream::tail(&link, &log).await?;
-        let ours = matches!(&tail.last, Some((Kind::Marker { after }, message))
-            if *after == last && messages::marker_identity(message).as_ref() == Some(&me));
-        if !ours {
-            let now = tail.last_frame.max(snapshot.as_ref().map_or(0, |s| s.seq));
-            if now > last {
-                return Err(ReplicaError::Moved { read: last, now });
+        let ours = match &tail.last {
+            Some((Kind::Marker { after, epoch }, message))
+                if *after == last && messages::marker_identity(message).as_ref() == Some(&me) =>
+            {
+                Some(*epoch)
             }
-            if now < last {
-                return Err(corrupt(format!(
-                    "the stream {} ends at frame {now}, before frame {last} that the restore read",
-                    link.names.stream
-                )));
-            }
-            let marker = messages::marker(last, &me)?.expected_last_sequence(tail.last_seq);
-            let ack = js
-                .send_publish(link.names.subject.clone(), marker)
-                .await
-                .map_err(|e| {
-                    super::errors::publish_failed(&link.client, "appending a take-over marker", &e)
-                })?;
-            match ack.await {
-                Ok(_) => {}
-                Err(e)
-                    if e.kind()
-                        == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>
-                {
-                    continue; // something landed meanwhile: look again
-                }
-                Err(e) => {
-                    return Err(super::errors::publish_failed(
-                        &link.client,
-                        "appending a take-over marker",
-                        &e,
-                    ));
-                }
-            }
-        }
-        let entry = Entry {
-            version: VERSION,
-            writer: Some(me.clone()),
-            snapshot,
+            _ => None,
         };
+        let epoch = match ours {
+            Some(epoch) => epoch,
+            None => {
+                let now = tail.last_frame.max(snapshot.as_ref().map_or(0, |s| s.seq));
+                if now > last {
+                    return Err(ReplicaError::Moved { read: last, now });
+                }
+                if now < last {
+                    return Err(corrupt(format!(
+                        "the stream {} ends at frame {now}, before frame {last} that the restore read",
+                        link.names.stream
+                    )));
+                }
+                let seen = known.max(tail.last.as_ref().map_or(0, |(k, _)| k.epoch()));
+                let slot = current.as_ref().map(|(e, _)| e.slot());
+                let epoch = writer_epoch::taken_over(slot.as_ref(), &me, seen).epoch;
+                let marker =
+                    messages::marker(last, epoch, &me)?.expected_last_sequence(tail.last_seq);
+                let ack = js
+                    .send_publish(link.names.subject.clone(), marker)
+                    .await
+                    .map_err(|e| {
+                        publish_failed(&link.client, "appending a take-over marker", &e)
+                    })?;
+                match ack.await {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                        continue; // something landed meanwhile: look again
+                    }
+                    Err(e) => {
+                        return Err(publish_failed(
+                            &link.client,
+                            "appending a take-over marker",
+                            &e,
+                        ));
+                    }
+                }
+                epoch
+            }
+        };
+        let entry = Entry::of(
+            Slot {
+                epoch,
+                writer: Some(me.clone()),
+                last_writer: Some(me.clone()),
+            },
+            snapshot,
+        );
         if let Written::Revision(_) = write(&link, &store, &entry, current.map(|(_, r)| r)).await? {
             // Whatever this replica claimed before is over: the stream has a new writer.
             *link.writer.lock() = None;
-            return Ok(());
+            return Ok(epoch);
         }
     }
     Err(changing(&link))
 }
 
-/// The error for a fenced publish: who writes the stream now, by the entry, or by the
-/// stream's last message if it is a take-over marker.
+/// The error for a fenced publish: what the rules say of the entry now, or, if they let this
+/// writer write, what the stream's last message says (`last`).
 pub(super) async fn other_writer(
     link: &Link,
     js: &Context,
-    last: Option<&StreamMessage>,
+    last: Option<&(Kind, StreamMessage)>,
 ) -> ReplicaError {
-    let me = link.writer.lock().as_ref().map(|c| c.me.clone());
-    if let Ok(Some(store)) = bucket(link, js, Missing::Refuse).await
-        && let Ok(Some((entry, _))) = read(link, &store).await
-        && let Some(holder) = entry.writer
-        && Some(&holder) != me.as_ref()
-    {
-        return ReplicaError::OtherWriter { holder };
+    if let Err(e) = still_writer(link, js).await {
+        return e;
     }
-    if let Some(holder) = last.and_then(messages::marker_identity) {
-        return ReplicaError::OtherWriter { holder };
+    let claimed = link.writer.lock().clone();
+    if let (Some((kind, message)), Some(claimed)) = (last, claimed)
+        && let Err(e) = tail_refuses(
+            &Tail {
+                first_seq: 0,
+                last_seq: 0,
+                last_frame: 0,
+                last: Some((kind.clone(), message.clone())),
+            },
+            &claimed.me,
+            claimed.epoch,
+        )
+    {
+        return e;
     }
     ReplicaError::Refused {
         detail: format!(
-            "the stream {} is no longer this writer's: another writer appended to it, or its claim was released; claim it again",
+            "the stream {} is no longer this writer's: another writer appended to it; claim it again",
             link.names.stream
         ),
     }
 }
 
-/// `Ok` if the entry still names this replica's writer; else who does.
+/// The latest snapshot if the entry still lets this replica's writer write
+/// (`writer_epoch::may_write`); else why not.
 pub(super) async fn still_writer(
     link: &Link,
     js: &Context,
 ) -> Result<Option<SnapshotRef>, ReplicaError> {
-    let me = claimed_as(link)?;
-    let store = bucket(link, js, Missing::Refuse).await?;
-    let current = match &store {
-        Some(store) => read(link, store).await?,
+    let claimed = link.writer.lock().clone().ok_or_else(not_claimed)?;
+    let current = match bucket(link, js, Missing::Refuse).await? {
+        Some(store) => read(link, &store).await?,
         None => None,
     };
-    match current {
-        Some((entry, _)) if entry.writer.as_ref() == Some(&me) => Ok(entry.snapshot),
-        _ => Err(other_writer(link, js, None).await),
-    }
-}
-
-/// The store this replica claimed the stream as.
-fn claimed_as(link: &Link) -> Result<WriterIdentity, ReplicaError> {
-    link.writer
-        .lock()
-        .as_ref()
-        .map(|c| c.me.clone())
-        .ok_or_else(not_claimed)
+    let slot = current.as_ref().map(|(e, _)| e.slot());
+    writer_epoch::may_write(slot.as_ref(), &claimed.me, claimed.epoch)
+        .map_err(|r| refused(link, r))?;
+    Ok(current.and_then(|(e, _)| e.snapshot))
 }
 
 /// The error for a writer's call before its claim.
@@ -425,40 +368,53 @@ pub(super) fn not_claimed() -> ReplicaError {
 }
 
 /// The stream's last frame (in messages or in the snapshot), asked again; what this writer
-/// knows is brought up to it.
+/// knows is brought up to it. [`ReplicaError::Lost`] if it is below what the stream had
+/// acknowledged to this writer.
 pub(super) async fn refresh_last_frame(link: &Link, js: &Context) -> Result<u64, ReplicaError> {
     let snapshot = still_writer(link, js).await?;
-    let log = stream::open(link, js, Missing::Refuse).await?;
+    let log = stream::open(link, js, Missing::Lost).await?;
     let tail = stream::tail(link, &log).await?;
     let last = tail.last_frame.max(snapshot.map_or(0, |s| s.seq));
     let mut writer = link.writer.lock();
     let claimed = writer.as_mut().ok_or_else(not_claimed)?;
+    lost_below(link, last, claimed.last_frame)?;
     claimed.last_frame = claimed.last_frame.max(last);
     Ok(claimed.last_frame)
 }
 
-/// Commits `snapshot` as the latest, if the entry still names this replica's writer; returns
-/// the snapshot it replaced.
+/// [`ReplicaError::Lost`] if the stream's last frame `last` is below `acknowledged`.
+pub(super) fn lost_below(link: &Link, last: u64, acknowledged: u64) -> Result<(), ReplicaError> {
+    if last < acknowledged {
+        return Err(ReplicaError::Lost {
+            detail: format!(
+                "the stream {} ends at frame {last}, before frame {acknowledged} it acknowledged",
+                link.names.stream
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Commits `snapshot` as the latest, if the entry still lets this replica's writer write;
+/// returns the snapshot it replaced.
 pub(super) async fn commit_snapshot(
     link: &Link,
     js: &Context,
     snapshot: SnapshotRef,
 ) -> Result<Option<SnapshotRef>, ReplicaError> {
-    let me = claimed_as(link)?;
+    let claimed = link.writer.lock().clone().ok_or_else(not_claimed)?;
     let store = bucket(link, js, Missing::Refuse)
         .await?
-        .ok_or_else(not_claimed)?;
+        .ok_or_else(|| refused(link, Refusal::Lost))?;
     for _ in 0..TRIES {
         let current = read(link, &store).await?;
-        let Some((entry, revision)) = current.filter(|(e, _)| e.writer.as_ref() == Some(&me))
-        else {
-            return Err(other_writer(link, js, None).await);
+        let slot = current.as_ref().map(|(e, _)| e.slot());
+        writer_epoch::may_write(slot.as_ref(), &claimed.me, claimed.epoch)
+            .map_err(|r| refused(link, r))?;
+        let Some((entry, revision)) = current else {
+            return Err(refused(link, Refusal::Lost));
         };
-        let committed = Entry {
-            version: VERSION,
-            writer: Some(me.clone()),
-            snapshot: Some(snapshot.clone()),
-        };
+        let committed = Entry::of(entry.slot(), Some(snapshot.clone()));
         if let Written::Revision(_) = write(link, &store, &committed, Some(revision)).await? {
             if let Some(claimed) = link.writer.lock().as_mut() {
                 claimed.last_frame = claimed.last_frame.max(snapshot.seq);

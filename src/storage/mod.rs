@@ -9,6 +9,7 @@
 mod backup;
 mod dir;
 mod fs;
+mod leftovers;
 mod lock;
 #[cfg(feature = "cli")]
 mod read_only;
@@ -34,6 +35,7 @@ pub(crate) use dir::FsLogDir;
 #[cfg(feature = "testing")]
 pub(crate) use fs::Created;
 pub(crate) use fs::{create_private, create_private_dir, parent_of, swap_in_dir, sync_dir};
+pub(crate) use leftovers::remove_dead_leftovers;
 pub(crate) use lock::DirLock;
 use lock::LOCK_FILE;
 #[cfg(feature = "cli")]

@@ -31,6 +31,17 @@ pub use record_decode::{check_record_decode, sample_records};
 pub use replica::{MemoryReplica, ReplicaFault};
 pub use workload::{Rng, workload};
 
+/// The box-loss protocol's rules as pure transitions, for the model checker that explores
+/// them (`tests/suite/handover_model.rs`): the same functions the replicas, the shipper and
+/// the restore call.
+pub mod handover {
+    pub use crate::model::restore::{Lineage, PendingRestore, RestoreMark, RestoreWindow};
+    pub use crate::model::writer_epoch::{
+        AfterClaim, Claim, Refusal, SameStore, Slot, after_claim, claim, claimed, follows,
+        may_write, released, taken_over,
+    };
+}
+
 /// Bytes in the store's redb page cache now: what a test checks the memory budget against
 /// (redb counts them because feature `testing` turns on its `cache_metrics`).
 ///

@@ -38,7 +38,7 @@ use common::nats::{unique, url};
 use common::proxy::{Arrivals, Cut, Proxy};
 use common::service::{Answer, PATIENCE, Service};
 
-type Fallible<T> = Result<T, Box<dyn Error>>;
+pub(super) type Fallible<T> = Result<T, Box<dyn Error>>;
 
 const ALICE: &str = "Bearer sk_test_alice";
 const OPERATOR_TOKEN: &str = "sk_test_operator";
@@ -75,7 +75,7 @@ fn service_process() {
 
 /// `EDGE_SHIP_MODE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(super) enum Mode {
     /// `sync`: a charge is answered only once JetStream holds it; refused while it is away.
     Sync,
     /// `async`: answered after the local sync; the stream follows behind.
@@ -101,13 +101,13 @@ impl Mode {
 
 /// A stream name of the test's own; its stream and buckets are deleted when it drops, also
 /// after a failure.
-struct Scratch {
-    name: String,
+pub(super) struct Scratch {
+    pub(super) name: String,
 }
 
 impl Scratch {
     /// Fails, saying how to start NATS, if it is unreachable.
-    fn new() -> Scratch {
+    pub(super) fn new() -> Scratch {
         common::nats::require();
         Scratch {
             name: unique("box"),
@@ -122,13 +122,13 @@ impl Drop for Scratch {
 }
 
 /// The proxy between the service and NATS, on a runtime of its own.
-struct Net {
+pub(super) struct Net {
     proxy: Proxy,
     _runtime: tokio::runtime::Runtime,
 }
 
 impl Net {
-    fn start() -> Fallible<Net> {
+    pub(super) fn start() -> Fallible<Net> {
         let nats = url();
         let first = nats
             .trim_start_matches("nats://")
@@ -152,12 +152,12 @@ impl Net {
     }
 
     /// The NATS URL through the proxy.
-    fn url(&self) -> String {
+    pub(super) fn url(&self) -> String {
         self.proxy.url(&url())
     }
 
     /// NATS stops: its connections close and new ones are refused.
-    fn stop(&self) {
+    pub(super) fn stop(&self) {
         self.proxy.arrivals(Arrivals::Refuse);
         self.proxy.drop_all();
     }
@@ -191,23 +191,23 @@ impl Net {
 
     /// NATS is back. Connections held silent are closed (what they lost in between would
     /// garble the protocol; a client reconnects, as it would after a long partition).
-    fn heal(&self) {
+    pub(super) fn heal(&self) {
         self.proxy.arrivals(Arrivals::Pass);
         self.proxy.drop_all();
     }
 }
 
 /// What every box of one test shares: the stream, the mode, the processor's ledger.
-struct Setup {
-    stream: String,
-    mode: Mode,
-    ledger: PathBuf,
+pub(super) struct Setup {
+    pub(super) stream: String,
+    pub(super) mode: Mode,
+    pub(super) ledger: PathBuf,
 }
 
 impl Setup {
     /// Starts a box with its store in `data`, shipping to `ship` (a NATS URL); restored from
     /// the stream first if `restore`.
-    fn start(&self, data: &Path, ship: &str, restore: bool) -> Fallible<Service> {
+    pub(super) fn start(&self, data: &Path, ship: &str, restore: bool) -> Fallible<Service> {
         let ledger = self
             .ledger
             .to_str()
@@ -230,7 +230,7 @@ impl Setup {
 
 impl Answer {
     /// The charge's id and the processor's charge id, from a 201's body.
-    fn charge(&self) -> Fallible<(String, String)> {
+    pub(super) fn charge(&self) -> Fallible<(String, String)> {
         let json = self.json()?;
         let field = |name: &str| {
             json[name]
@@ -243,13 +243,13 @@ impl Answer {
 }
 
 /// A client of one service: charges, reads, and the test clock.
-struct Client {
+pub(super) struct Client {
     agent: ureq::Agent,
     base: String,
 }
 
 impl Client {
-    fn new(base: &str) -> Client {
+    pub(super) fn new(base: &str) -> Client {
         Client {
             agent: ureq::Agent::config_builder()
                 .http_status_as_error(false)
@@ -261,7 +261,7 @@ impl Client {
     }
 
     /// `POST /charges` as tenant alice.
-    fn charge(&self, key: &str, body: &str) -> Result<Answer, ureq::Error> {
+    pub(super) fn charge(&self, key: &str, body: &str) -> Result<Answer, ureq::Error> {
         Answer::read(
             self.agent
                 .post(format!("{}/charges", self.base))
@@ -282,7 +282,7 @@ impl Client {
     }
 
     /// The operator's view of `/stats`.
-    fn stats(&self) -> Fallible<Value> {
+    pub(super) fn stats(&self) -> Fallible<Value> {
         let answer = self.get("/stats", OPERATOR)?;
         if answer.status != 200 {
             return Err(format!("/stats: {} {}", answer.status, answer.body).into());
@@ -291,7 +291,7 @@ impl Client {
     }
 
     /// The store's log shipping, from `/stats`.
-    fn shipping(&self) -> Fallible<Value> {
+    pub(super) fn shipping(&self) -> Fallible<Value> {
         let shipping = self.stats()?["store"]["shipping"].clone();
         if shipping.is_null() {
             return Err("/stats shows no shipping: the service does not ship".into());
@@ -320,7 +320,7 @@ impl Client {
     }
 }
 
-fn charge_body(client: usize, i: usize) -> String {
+pub(super) fn charge_body(client: usize, i: usize) -> String {
     format!(
         r#"{{"amount": {}, "currency": "eur", "customer": "cus_{client}"}}"#,
         100 + i
@@ -499,7 +499,7 @@ enum Came {
 }
 
 /// Polls `check` until it holds, for at most `within`; how long it took.
-fn until(
+pub(super) fn until(
     what: &str,
     within: Duration,
     mut check: impl FnMut() -> Fallible<bool>,
@@ -903,9 +903,12 @@ fn nats_away(mode: Mode) -> TestResult {
     }
 
     service.kill()?;
-    std::fs::remove_dir_all(&box_dir)?;
+    std::fs::remove_dir_all(&box_dir)
+        .map_err(|e| format!("deleting the killed box's {}: {e}", box_dir.display()))?;
     let sent = keys(&log);
-    let new_box = setup.start(&dir.path().join("new-box"), &url(), true)?;
+    let new_box = setup
+        .start(&dir.path().join("new-box"), &url(), true)
+        .map_err(|e| format!("starting the restored box: {e}"))?;
     let new = Client::new(&new_box.base);
     check_restore_window(&new, mode)?;
     // Shipping had caught up: every charge replays, whatever the mode.

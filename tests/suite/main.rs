@@ -21,6 +21,8 @@ mod async_api;
 mod backup;
 mod bad_input;
 #[cfg(all(unix, feature = "http", feature = "nats"))]
+mod box_handover;
+#[cfg(all(unix, feature = "http", feature = "nats"))]
 mod box_loss;
 #[cfg(feature = "cli")]
 mod cli;
@@ -42,6 +44,10 @@ mod execute;
 #[cfg(unix)]
 mod format_fixture;
 mod group_isolation;
+#[cfg(feature = "testing")]
+mod handover;
+#[cfg(feature = "testing")]
+mod handover_model;
 #[cfg(feature = "http")]
 mod http_answers;
 #[cfg(feature = "http")]
@@ -69,6 +75,8 @@ mod lifecycle;
 mod memory;
 #[cfg(all(feature = "nats", feature = "testing"))]
 mod nats;
+#[cfg(all(feature = "testing", feature = "nats"))]
+mod nats_cluster;
 #[cfg(all(feature = "testing", feature = "tokio"))]
 mod outbox;
 mod permissions;
@@ -90,6 +98,8 @@ mod race;
 #[cfg(all(feature = "testing", feature = "tokio"))]
 mod relay_outage;
 mod reopen;
+#[cfg(feature = "testing")]
+mod replica_contract;
 #[cfg(feature = "nats")]
 mod replica_jetstream;
 mod restore_window;

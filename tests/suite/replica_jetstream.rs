@@ -1,7 +1,9 @@
-//! The log's JetStream replica (`idemstore::replica::JetStream`, feature `nats`) against a
-//! real NATS server: frames in order and once, large frames, one writer per stream, the
-//! take-over that fences the old writer, snapshots, gaps, and every call bounded when the
-//! server is down or silent.
+//! What only the real JetStream replica (`idemstore::replica::JetStream`, feature `nats`) can
+//! show against a NATS server: frames stored once as the server counts them, frames larger
+//! than a message, lost acknowledgements, what a snapshot leaves on the server, gaps, names,
+//! and every call bounded when the server is down or silent. The contract both replicas keep
+//! (order, one writer, take-overs, snapshots, a broker that forgets) is
+//! `tests/suite/replica_contract.rs`.
 //!
 //! The server is `IDEMSTORE_NATS_URL` (default `nats://127.0.0.1:4222`). Each test uses a
 //! stream name of its own and deletes the stream and buckets it made. An unreachable server
@@ -17,10 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
+use idemstore::Lineage;
 use idemstore::replica::JetStream;
-use idemstore::{
-    Guarantee, Replica, ReplicaError, ReplicaSource, ShippedFrame, SnapshotInfo, WriterIdentity,
-};
+use idemstore::{Guarantee, Replica, ReplicaError, ReplicaSource, ShippedFrame, WriterIdentity};
 
 use common::TestResult;
 use common::nats::{unique, url};
@@ -101,7 +102,7 @@ fn frames(seqs: std::ops::RangeInclusive<u64>) -> Vec<ShippedFrame> {
 fn read_after(
     source: &JetStream,
     after: u64,
-) -> Result<(Vec<(ShippedFrame, Guarantee)>, u64), ReplicaError> {
+) -> Result<(Vec<(ShippedFrame, Lineage)>, u64), ReplicaError> {
     let mut read = Vec::new();
     let last = source.frames_after(after, &mut |frame, guarantee| {
         read.push((frame, guarantee));
@@ -110,66 +111,26 @@ fn read_after(
     Ok((read, last))
 }
 
-fn seqs(read: &[(ShippedFrame, Guarantee)]) -> Vec<u64> {
+fn seqs(read: &[(ShippedFrame, Lineage)]) -> Vec<u64> {
     read.iter().map(|(f, _)| f.seq).collect()
 }
 
+/// The contract's re-send case reads the frames back; here the server's own count shows
+/// that no duplicate message was stored either (a read could skip one).
 #[test]
-fn frames_published_in_batches_read_back_in_order() -> TestResult {
+fn frames_sent_again_are_stored_once_on_the_server() -> TestResult {
     let scratch = Scratch::new();
     let replica = scratch.replica()?;
-    let position = replica.claim(&store("/stores/a", 1))?;
-    assert_eq!((position.last_frame, position.snapshot), (0, None));
-
-    replica.publish(&frames(1..=3), Guarantee::Complete)?;
-    replica.publish(&frames(4..=5), Guarantee::MayLag)?;
-    replica.publish(&[], Guarantee::MayLag)?;
-
-    let (read, last) = read_after(&replica, 0)?;
-    assert_eq!(last, 5);
-    assert_eq!(
-        read.iter().map(|(f, _)| f.clone()).collect::<Vec<_>>(),
-        frames(1..=5)
-    );
-    let guarantees: Vec<Guarantee> = read.iter().map(|(_, g)| *g).collect();
-    assert_eq!(
-        guarantees,
-        [[Guarantee::Complete; 3].as_slice(), &[Guarantee::MayLag; 2]].concat()
-    );
-
-    // From the middle, and past the end.
-    let (read, last) = read_after(&replica, 3)?;
-    assert_eq!((seqs(&read), last), (vec![4, 5], 5));
-    let (read, last) = read_after(&replica, 9)?;
-    assert_eq!((seqs(&read), last), (vec![], 9));
-
-    // A restore's handle, which never claimed, reads the same.
-    let (read, _) = read_after(&scratch.replica()?, 0)?;
-    assert_eq!(seqs(&read), vec![1, 2, 3, 4, 5]);
+    replica.claim(&store("/stores/a", 1), 0)?;
+    replica.publish(&frames(1..=3), &Lineage::of(Guarantee::Complete))?;
+    replica.publish(&frames(2..=5), &Lineage::of(Guarantee::Complete))?;
+    replica.publish(&frames(1..=5), &Lineage::of(Guarantee::Complete))?;
     assert_eq!(scratch.messages()?, 5);
-    Ok(())
-}
-
-#[test]
-fn frames_sent_again_are_stored_once() -> TestResult {
-    let scratch = Scratch::new();
-    let replica = scratch.replica()?;
-    let me = store("/stores/a", 1);
-    replica.claim(&me)?;
-    replica.publish(&frames(1..=3), Guarantee::Complete)?;
-    // Overlapping batches: what the stream holds is acknowledged again, not stored again.
-    replica.publish(&frames(2..=5), Guarantee::Complete)?;
-    replica.publish(&frames(1..=5), Guarantee::Complete)?;
-    assert_eq!(scratch.messages()?, 5);
-
-    // The same store after a restart sends its unacknowledged tail again.
     drop(replica);
     let restarted = scratch.replica()?;
-    assert_eq!(restarted.claim(&store("/stores/a", 2))?.last_frame, 5);
-    restarted.publish(&frames(3..=7), Guarantee::Complete)?;
+    restarted.claim(&store("/stores/a", 2), 0)?;
+    restarted.publish(&frames(3..=7), &Lineage::of(Guarantee::Complete))?;
     assert_eq!(scratch.messages()?, 7);
-    let (read, last) = read_after(&restarted, 0)?;
-    assert_eq!((seqs(&read), last), ((1..=7).collect(), 7));
     Ok(())
 }
 
@@ -242,13 +203,13 @@ fn a_batch_whose_acknowledgements_were_lost_is_stored_once_when_sent_again() -> 
     let scratch = Scratch::new();
     let proxy = AckHolder::start()?;
     let replica = JetStream::connect(&proxy.url(), &scratch.name)?.timeout(SHORT);
-    replica.claim(&store("/stores/a", 1))?;
-    replica.publish(&frames(1..=2), Guarantee::Complete)?;
+    replica.claim(&store("/stores/a", 1), 0)?;
+    replica.publish(&frames(1..=2), &Lineage::of(Guarantee::Complete))?;
 
     // The server stores 3..=5 but the client never hears so: a connection gone silent.
     proxy.hold(true);
     let started = Instant::now();
-    let lost = replica.publish(&frames(3..=5), Guarantee::Complete);
+    let lost = replica.publish(&frames(3..=5), &Lineage::of(Guarantee::Complete));
     assert!(
         matches!(lost, Err(ReplicaError::Unreachable { .. })),
         "{lost:?}"
@@ -263,7 +224,7 @@ fn a_batch_whose_acknowledgements_were_lost_is_stored_once_when_sent_again() -> 
     let file = dir.path().join("snapshot.redb");
     write_file(&file, b"database")?;
     let started = Instant::now();
-    let silent = replica.snapshot(2, &file, Guarantee::Complete);
+    let silent = replica.snapshot(2, &file, &Lineage::of(Guarantee::Complete));
     assert!(
         matches!(silent, Err(ReplicaError::Unreachable { .. })),
         "{silent:?}"
@@ -277,9 +238,9 @@ fn a_batch_whose_acknowledgements_were_lost_is_stored_once_when_sent_again() -> 
     assert_eq!(scratch.messages()?, 5);
 
     // Sent again with one more: duplicates acknowledged, the new frame fenced after them.
-    replica.publish(&frames(3..=6), Guarantee::Complete)?;
+    replica.publish(&frames(3..=6), &Lineage::of(Guarantee::Complete))?;
     assert_eq!(scratch.messages()?, 6);
-    replica.publish(&frames(7..=7), Guarantee::Complete)?;
+    replica.publish(&frames(7..=7), &Lineage::of(Guarantee::Complete))?;
     let (read, last) = read_after(&replica, 0)?;
     assert_eq!((seqs(&read), last), ((1..=7).collect(), 7));
     assert_eq!(replica.fetch_snapshot(&dir.path().join("fetched"))?, None);
@@ -290,15 +251,15 @@ fn a_batch_whose_acknowledgements_were_lost_is_stored_once_when_sent_again() -> 
 fn a_frame_larger_than_a_message_round_trips_in_chunks() -> TestResult {
     let scratch = Scratch::new();
     let replica = scratch.replica()?;
-    replica.claim(&store("/stores/a", 1))?;
+    replica.claim(&store("/stores/a", 1), 0)?;
     let large = ShippedFrame {
         seq: 2,
         payload: Arc::new(common::incompressible((3 << 20) + 17)),
     };
     let batch = vec![frame(1), large.clone(), frame(3)];
-    replica.publish(&batch, Guarantee::Complete)?;
+    replica.publish(&batch, &Lineage::of(Guarantee::Complete))?;
     // Sent again: its chunks are duplicates too.
-    replica.publish(&batch, Guarantee::Complete)?;
+    replica.publish(&batch, &Lineage::of(Guarantee::Complete))?;
     assert!(scratch.messages()? > 3, "the large frame was not split");
 
     let (read, last) = read_after(&scratch.replica()?, 0)?;
@@ -312,175 +273,29 @@ fn a_frame_larger_than_a_message_round_trips_in_chunks() -> TestResult {
     Ok(())
 }
 
-#[test]
-fn a_second_store_is_refused_with_the_first_named() -> TestResult {
-    let scratch = Scratch::new();
-    let first = scratch.replica()?;
-    let a = store("/stores/a", 1);
-    first.claim(&a)?;
-
-    let second = scratch.replica()?;
-    let refused = second.claim(&store("/stores/b", 2));
-    let Err(ReplicaError::OtherWriter { holder }) = &refused else {
-        panic!("a second store claimed the stream: {refused:?}");
-    };
-    assert_eq!(holder, &a);
-    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(
-        message.contains("/stores/a") && message.contains("test-host"),
-        "{message}"
-    );
-
-    // Once the first releases the stream cleanly, another store may claim it.
-    first.release(&a)?;
-    second.claim(&store("/stores/b", 2))?;
-    Ok(())
-}
-
-#[test]
-fn the_same_store_claims_its_stream_back_after_a_crash() -> TestResult {
-    let scratch = Scratch::new();
-    let crashed = scratch.replica()?;
-    crashed.claim(&store("/stores/a", 1))?;
-    crashed.publish(&frames(1..=3), Guarantee::Complete)?;
-    drop(crashed); // no release: the process died
-
-    let restarted = scratch.replica()?;
-    let position = restarted.claim(&store("/stores/a", 2))?;
-    assert_eq!((position.last_frame, position.snapshot), (3, None));
-    restarted.publish(&frames(4..=4), Guarantee::Complete)?;
-    let (read, _) = read_after(&restarted, 0)?;
-    assert_eq!(seqs(&read), vec![1, 2, 3, 4]);
-    Ok(())
-}
-
-#[test]
-fn a_take_over_fences_the_old_writer_off() -> TestResult {
-    let scratch = Scratch::new();
-    let old = scratch.replica()?;
-    let a = store("/stores/a", 1);
-    old.claim(&a)?;
-    old.publish(&frames(1..=3), Guarantee::Complete)?;
-
-    // A restore on another box reads the stream and takes it over.
-    let restore = scratch.replica()?;
-    let b = store("/restored/b", 7);
-    let (_, last) = read_after(&restore, 0)?;
-    assert_eq!(last, 3);
-    restore.take_over(&b, last)?;
-
-    // The old writer's next frame is refused, naming the new one.
-    let fenced = old.publish(&frames(4..=5), Guarantee::Complete);
-    let Err(ReplicaError::OtherWriter { holder }) = &fenced else {
-        panic!("the old writer was not fenced off: {fenced:?}");
-    };
-    assert_eq!(holder, &b);
-    // Its claim is refused too.
-    assert!(matches!(
-        scratch.replica()?.claim(&a),
-        Err(ReplicaError::OtherWriter { .. })
-    ));
-
-    // The new writer claims and goes on after the frames it read.
-    let position = restore.claim(&b)?;
-    assert_eq!(position.last_frame, 3);
-    let new_four = ShippedFrame {
-        seq: 4,
-        payload: Arc::new(b"frame 4 of the restored store".to_vec()),
-    };
-    restore.publish(std::slice::from_ref(&new_four), Guarantee::Complete)?;
-    let again = old.publish(&frames(4..=5), Guarantee::Complete);
-    assert!(
-        matches!(again, Err(ReplicaError::OtherWriter { .. })),
-        "{again:?}"
-    );
-
-    let (read, last) = read_after(&scratch.replica()?, 0)?;
-    assert_eq!((seqs(&read), last), (vec![1, 2, 3, 4], 4));
-    assert_eq!(read.last().map(|(f, _)| f), Some(&new_four));
-    Ok(())
-}
-
-#[test]
-fn a_take_over_after_the_stream_moved_on_is_refused_as_moved() -> TestResult {
-    let scratch = Scratch::new();
-    let old = scratch.replica()?;
-    old.claim(&store("/stores/a", 1))?;
-    old.publish(&frames(1..=3), Guarantee::Complete)?;
-
-    let restore = scratch.replica()?;
-    let moved = restore.take_over(&store("/restored/b", 7), 2);
-    assert!(
-        matches!(moved, Err(ReplicaError::Moved { read: 2, now: 3 })),
-        "{moved:?}"
-    );
-    // Nothing changed: the old writer goes on.
-    old.publish(&frames(4..=4), Guarantee::Complete)?;
-    Ok(())
-}
-
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::write(path, bytes)
 }
 
+/// The contract's snapshot case reads what is left; here the server shows it: the purged
+/// frames' messages and the older snapshot's object are gone from the streams.
 #[test]
-fn a_snapshot_round_trips_and_trims_the_frames_it_covers() -> TestResult {
+fn a_snapshot_leaves_on_the_server_only_what_it_does_not_cover() -> TestResult {
     let scratch = Scratch::new();
     let dir = tempfile::tempdir()?;
     let replica = scratch.replica()?;
-    let a = store("/stores/a", 1);
-    replica.claim(&a)?;
-    replica.publish(&frames(1..=5), Guarantee::MayLag)?;
-
-    // Larger than one message: the object goes in chunks.
-    let database = common::incompressible((2 << 20) + 5);
+    replica.claim(&store("/stores/a", 1), 0)?;
+    replica.publish(&frames(1..=5), &Lineage::of(Guarantee::MayLag))?;
     let file = dir.path().join("snapshot-3.redb");
-    write_file(&file, &database)?;
-    replica.snapshot(3, &file, Guarantee::MayLag)?;
+    write_file(&file, &common::incompressible((2 << 20) + 5))?;
+    replica.snapshot(3, &file, &Lineage::of(Guarantee::MayLag))?;
+    assert_eq!(scratch.messages()?, 2, "frames 4 and 5 are kept");
 
-    let fetched = dir.path().join("fetched.redb");
-    let info = scratch.replica()?.fetch_snapshot(&fetched)?;
-    assert_eq!(
-        info,
-        Some(SnapshotInfo {
-            seq: 3,
-            guarantee: Guarantee::MayLag,
-            bytes: database.len() as u64,
-        })
-    );
-    assert!(
-        std::fs::read(&fetched)? == database,
-        "the snapshot's bytes differ"
-    );
-    assert_eq!(scratch.replica()?.latest_snapshot()?, info);
-
-    // Frames 1..=3 are gone from the stream, 4 and 5 kept.
-    assert_eq!(scratch.messages()?, 2);
-    let (read, last) = read_after(&replica, 3)?;
-    assert_eq!((seqs(&read), last), (vec![4, 5], 5));
-    let without = read_after(&replica, 0);
-    assert!(
-        matches!(without, Err(ReplicaError::Corrupt { .. })),
-        "{without:?}"
-    );
-
-    // A newer snapshot replaces it, and a claim reports it.
-    replica.publish(&frames(6..=6), Guarantee::Complete)?;
+    replica.publish(&frames(6..=6), &Lineage::of(Guarantee::Complete))?;
     let file = dir.path().join("snapshot-6.redb");
     write_file(&file, b"the database at frame 6")?;
-    replica.snapshot(6, &file, Guarantee::Complete)?;
-    let fetched = dir.path().join("fetched-6.redb");
-    let info = scratch.replica()?.fetch_snapshot(&fetched)?;
-    assert_eq!(
-        info.map(|i| (i.seq, i.guarantee)),
-        Some((6, Guarantee::Complete))
-    );
-    assert_eq!(std::fs::read(&fetched)?, b"the database at frame 6");
+    replica.snapshot(6, &file, &Lineage::of(Guarantee::Complete))?;
     assert_eq!(scratch.messages()?, 0);
-    let position = scratch.replica()?.claim(&store("/stores/a", 2))?;
-    assert_eq!((position.last_frame, position.snapshot), (6, Some(6)));
-
-    // The older snapshot's object is gone from the bucket.
     let bucket = format!("OBJ_IDEMSTORE_SNAP_{}", scratch.name);
     let objects = scratch.inspect(async move |js| -> Result<u64, Box<dyn std::error::Error>> {
         let mut stream = js.get_stream(bucket).await?;
@@ -491,24 +306,11 @@ fn a_snapshot_round_trips_and_trims_the_frames_it_covers() -> TestResult {
 }
 
 #[test]
-fn a_stream_without_a_snapshot_fetches_none() -> TestResult {
-    let scratch = Scratch::new();
-    let replica = scratch.replica()?;
-    replica.claim(&store("/stores/a", 1))?;
-    let dir = tempfile::tempdir()?;
-    let file = dir.path().join("none.redb");
-    assert_eq!(replica.fetch_snapshot(&file)?, None);
-    assert_eq!(replica.latest_snapshot()?, None);
-    assert!(!file.exists());
-    Ok(())
-}
-
-#[test]
 fn a_gap_in_the_stream_is_corrupt_naming_the_missing_frames() -> TestResult {
     let scratch = Scratch::new();
     let replica = scratch.replica()?;
-    replica.claim(&store("/stores/a", 1))?;
-    replica.publish(&frames(1..=3), Guarantee::Complete)?;
+    replica.claim(&store("/stores/a", 1), 0)?;
+    replica.publish(&frames(1..=3), &Lineage::of(Guarantee::Complete))?;
 
     // Frame 6 appended by hand: frames 4 and 5 are missing.
     let subject = scratch.subject();
@@ -562,8 +364,8 @@ fn an_invalid_stream_name_is_refused_clearly() {
 async fn calls_from_inside_a_tokio_runtime_do_not_block_on_it() -> TestResult {
     let scratch = Scratch::new();
     let replica = scratch.replica()?;
-    replica.claim(&store("/stores/a", 1))?;
-    replica.publish(&frames(1..=2), Guarantee::Complete)?;
+    replica.claim(&store("/stores/a", 1), 0)?;
+    replica.publish(&frames(1..=2), &Lineage::of(Guarantee::Complete))?;
     let (read, _) = read_after(&replica, 0)?;
     assert_eq!(seqs(&read), vec![1, 2]);
     Ok(())
@@ -580,7 +382,7 @@ fn every_call_is_unreachable_in_time(replica: &JetStream) -> TestResult {
     let calls: Vec<Call<'_>> = vec![
         (
             "claim",
-            Box::new(|| replica.claim(&store("/stores/a", 1)).map(drop)),
+            Box::new(|| replica.claim(&store("/stores/a", 1), 0).map(drop)),
         ),
         (
             "frames_after",
@@ -596,11 +398,7 @@ fn every_call_is_unreachable_in_time(replica: &JetStream) -> TestResult {
         ),
         (
             "take_over",
-            Box::new(|| replica.take_over(&store("/stores/b", 2), 0)),
-        ),
-        (
-            "release",
-            Box::new(|| replica.release(&store("/stores/a", 1))),
+            Box::new(|| replica.take_over(&store("/stores/b", 2), 0, 0).map(drop)),
         ),
     ];
     for (name, call) in calls {

@@ -11,123 +11,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{ORDERS, TestResult, builder, clock, fp, order_count, scope};
+use common::ship::{
+    all_replay, caught_up, first_snapshot, keys, lose, pair, pair_with, restore, shipped_all,
+    shipping, state, until,
+};
+use common::{TestResult, builder, clock, fp, order_count, scope};
 use idemstore::testing::{MemoryReplica, ReplicaFault};
 use idemstore::{
-    Begin, Guarantee, ManualClock, OpenError, Replica, ReplicaError, ReplicaSource, Response,
-    ShipState, ShippedFrame, Shipping, SnapshotInfo, Store, StoreError, StreamPosition, Takeover,
-    Unreachable, WriterIdentity,
+    Begin, Lineage, ManualClock, OpenError, Replica, ReplicaError, ReplicaSource, ShipState,
+    ShippedFrame, Shipping, SnapshotInfo, Store, StoreError, StreamPosition, Takeover, Unreachable,
+    WriterIdentity,
 };
-
-/// How long a test waits for shipping to reach a state.
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// Claims `key` and commits it with one order row.
-fn pair(store: &Store, key: &str) -> Result<(), Box<dyn std::error::Error>> {
-    pair_with(store, key, b"ok")
-}
-
-fn pair_with(store: &Store, key: &str, body: &[u8]) -> Result<(), Box<dyn std::error::Error>> {
-    match store.begin(&scope(key), fp(key))? {
-        // A store restored from an asynchronous stream answers unknown keys as recoveries for
-        // a while (`restore_window.rs`); for these tests either is a claim to do the work.
-        Begin::Claimed(claim) | Begin::Recovered(claim) => {
-            let body = body.to_vec();
-            let key = key.to_owned();
-            claim.commit(move |tx| {
-                tx.insert(&ORDERS, key.as_str(), "order")?;
-                Ok(Response::new(201, body))
-            })?;
-            Ok(())
-        }
-        other => Err(format!("{key}: expected a claim, got {other:?}").into()),
-    }
-}
-
-/// Polls until `check` holds, for at most [`PATIENCE`].
-fn until(what: &str, mut check: impl FnMut() -> bool) -> TestResult {
-    let started = Instant::now();
-    while !check() {
-        if started.elapsed() > PATIENCE {
-            return Err(format!("waited {PATIENCE:?} for {what}").into());
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
-}
-
-fn state(store: &Store) -> Option<ShipState> {
-    store.stats().ok()?.shipping.map(|s| s.state)
-}
-
-/// Everything synced locally is acknowledged.
-fn caught_up(store: &Store) -> bool {
-    store
-        .stats()
-        .ok()
-        .and_then(|s| s.shipping)
-        .is_some_and(|s| {
-            s.state == ShipState::Shipping
-                && s.shipped_frame >= s.durable_frame
-                && s.lag_frames == 0
-        })
-}
-
-fn shipping(clock: &ManualClock, replica: &MemoryReplica, mode: Shipping) -> idemstore::Builder {
-    builder(clock).ship(replica.handle(), mode)
-}
-
-/// The box is lost: no clean close, no release of the stream, and nothing more from it (its
-/// shipper's threads, still running in this process, are cut off from the stream).
-fn lose(store: Store, replica: &MemoryReplica) {
-    replica.cut_off();
-    std::mem::forget(store);
-}
-
-/// Restores `replica` into `dir` (taking the stream over) and opens it without shipping.
-fn restore(
-    replica: &MemoryReplica,
-    dir: &Path,
-    clock: &ManualClock,
-) -> Result<Store, Box<dyn std::error::Error>> {
-    Store::restore(&replica.handle(), dir, Takeover::Yes)?;
-    Ok(builder(clock).open(dir)?)
-}
-
-/// Every key replays, with one order row each.
-fn all_replay(store: &Store, keys: &[String]) -> TestResult {
-    for key in keys {
-        match store.begin(&scope(key), fp(key))? {
-            Begin::Replay(response) => assert_eq!(response.status(), 201, "{key}"),
-            other => return Err(format!("{key}: expected a replay, got {other:?}").into()),
-        }
-    }
-    assert_eq!(order_count(store)?, keys.len() as u64);
-    Ok(())
-}
-
-/// Opens `builder` as the primary in `dir/primary`, commits the pair "first", and waits for
-/// the first snapshot the stream begins with.
-fn first_snapshot(
-    builder: idemstore::Builder,
-    dir: &tempfile::TempDir,
-    replica: &MemoryReplica,
-) -> Result<Store, Box<dyn std::error::Error>> {
-    let primary = builder.open(dir.path().join("primary"))?;
-    pair(&primary, "first")?;
-    until("the first snapshot", || replica.snapshot_seq().is_some())?;
-    Ok(primary)
-}
-
-/// Waits until the replica holds every frame `primary` synced; returns the last one.
-fn shipped_all(primary: &Store) -> Result<u64, Box<dyn std::error::Error>> {
-    until("the primary to ship everything", || caught_up(primary))?;
-    Ok(primary.stats()?.shipping.ok_or("no stats")?.durable_frame)
-}
-
-fn keys(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}-{i}")).collect()
-}
 
 #[test]
 fn async_shipping_restores_every_acknowledged_pair_after_the_box_is_lost() -> TestResult {
@@ -162,7 +56,7 @@ struct GatedClaim {
 }
 
 impl Replica for GatedClaim {
-    fn claim(&self, me: &WriterIdentity) -> Result<StreamPosition, ReplicaError> {
+    fn claim(&self, me: &WriterIdentity, epoch: u64) -> Result<StreamPosition, ReplicaError> {
         let (open, opened) = &*self.gate;
         let mut open = open.lock().map_err(|_| ReplicaError::Refused {
             detail: "gate poisoned".into(),
@@ -173,13 +67,13 @@ impl Replica for GatedClaim {
             })?;
         }
         drop(open);
-        self.inner.claim(me)
+        self.inner.claim(me, epoch)
     }
-    fn publish(&self, frames: &[ShippedFrame], guarantee: Guarantee) -> Result<(), ReplicaError> {
-        self.inner.publish(frames, guarantee)
+    fn publish(&self, frames: &[ShippedFrame], lineage: &Lineage) -> Result<(), ReplicaError> {
+        self.inner.publish(frames, lineage)
     }
-    fn snapshot(&self, seq: u64, file: &Path, guarantee: Guarantee) -> Result<(), ReplicaError> {
-        self.inner.snapshot(seq, file, guarantee)
+    fn snapshot(&self, seq: u64, file: &Path, lineage: &Lineage) -> Result<(), ReplicaError> {
+        self.inner.snapshot(seq, file, lineage)
     }
     fn release(&self, me: &WriterIdentity) -> Result<(), ReplicaError> {
         self.inner.release(me)
@@ -727,7 +621,7 @@ impl ReplicaSource for FaultySource {
     fn frames_after(
         &self,
         after: u64,
-        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
+        each: &mut dyn FnMut(ShippedFrame, Lineage) -> Result<(), ReplicaError>,
     ) -> Result<u64, ReplicaError> {
         if !self.cut.load(Ordering::SeqCst) {
             return self.inner.frames_after(after, each);
@@ -746,14 +640,14 @@ impl ReplicaSource for FaultySource {
             each(frame, guarantee)
         })
     }
-    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError> {
+    fn take_over(&self, me: &WriterIdentity, last: u64, known: u64) -> Result<u64, ReplicaError> {
         if self.moving.load(Ordering::SeqCst) {
             return Err(ReplicaError::Moved {
                 read: last,
                 now: last + 1,
             });
         }
-        self.inner.take_over(me, last)
+        self.inner.take_over(me, last, known)
     }
 }
 

@@ -58,14 +58,21 @@ pub(crate) const META_LOG_SEGMENT: &[u8] = b"log_segment";
 /// records. Absent (older stores, or before the first epoch): `log_checkpoint` alone; the
 /// frames replayed at open may be past both, which only makes a restore replay some again.
 pub(crate) const META_LOG_APPLIED: &[u8] = b"log_applied";
-/// Meta key: a restore not yet opened (version 1 ‖ guarantee ‖ last frame u64 LE, 10 bytes),
-/// written into a rebuilt store's file before its first open (`meta::set_restore_pending`).
-/// That open replaces it with [`META_RESTORED`]. Absent in a store that was never restored.
+/// Meta key: a restore not yet opened (version 2 ‖ guarantee ‖ last frame u64 LE ‖ inherited
+/// window end ms u64 LE, 0 for none ‖ not-before ms u64 LE, 26 bytes; version 1 stores wrote
+/// the first 10), written into a rebuilt store's file before its first open
+/// (`restore_mark::set_pending`). That open replaces it with [`META_RESTORED`]. Absent in a
+/// store that was never restored.
 pub(crate) const META_RESTORE_PENDING: &[u8] = b"restore_pending";
-/// Meta key: the restore the store was last rebuilt by (version 1 ‖ guarantee ‖ last frame
-/// u64 LE ‖ restored_at ms u64 LE, 18 bytes), stamped by its first open: the restore window
-/// runs from `restored_at`, across reopens. Absent: the store was never restored.
+/// Meta key: the restore the store was last rebuilt by, merged with the ones before it
+/// (version 2 ‖ guarantee ‖ last frame u64 LE ‖ inherited window end ms u64 LE, 0 for none ‖
+/// restored_at ms u64 LE, 26 bytes; version 1: version ‖ guarantee ‖ last frame ‖
+/// restored_at, 18 bytes), stamped by its first open: the restore window runs from
+/// `restored_at`, across reopens. Absent: the store was never restored.
 pub(crate) const META_RESTORED: &[u8] = b"restored";
+/// Meta key: the writer epoch the store ships at (u64 LE; absent means 0), written by the
+/// take-over that made it its stream's writer (`model::writer_epoch`).
+pub(crate) const META_WRITER_EPOCH: &[u8] = b"writer_epoch";
 
 /// The layout of records, tables, meta and log this build writes.
 ///

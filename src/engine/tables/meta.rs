@@ -1,5 +1,5 @@
 //! The store's metadata: format version, fence counter, log checkpoint, filter key, and the
-//! restore a rebuilt store came from.
+//! writer epoch it ships at (the restore a rebuilt store came from is `restore_mark.rs`).
 //!
 //! A new file gets every entry at creation; an existing store must have every entry, well
 //! formed. A missing or damaged entry is a corrupt file, never a default: a fence counter that
@@ -13,14 +13,13 @@ use crate::error::OpenError;
 
 use super::layout::{
     FORMAT_VERSION, META, META_FILTER_KEY, META_FORMAT, META_LOG_APPLIED, META_LOG_CHECKPOINT,
-    META_LOG_SEGMENT, META_NEXT_FENCE, META_RESTORE_PENDING, META_RESTORED, format_supported,
+    META_LOG_SEGMENT, META_NEXT_FENCE, META_WRITER_EPOCH, format_supported,
 };
 use super::partitions::hash::random_key;
 use super::registry::Registry;
-use crate::model::restore::RestoreMark;
 use crate::wal::Checkpoint;
 
-const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);
+pub(super) const META_TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new(META);
 
 /// What the metadata says when the store opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +34,7 @@ pub(crate) struct Meta {
     pub(crate) filter_key: Option<[u8; 16]>,
 }
 
-fn setup(e: impl Into<redb::Error>) -> OpenError {
+pub(super) fn setup(e: impl Into<redb::Error>) -> OpenError {
     OpenError::Setup(e.into())
 }
 
@@ -211,217 +210,19 @@ pub(crate) fn applied(snapshot: &redb::ReadTransaction) -> Result<u64, redb::Err
     Ok(read(META_LOG_APPLIED)?.max(read(META_LOG_CHECKPOINT)?))
 }
 
-// Restores: the mark a rebuilt store's file gets before its first open, and the stamp that
-// open turns it into (layouts in `layout.rs` and `docs/design.md`, "Meta").
+/// The writer epoch this store ships at (`model::writer_epoch`): raised only by a take-over of
+/// its stream, which writes it before the store first opens; 0 for a store that never took a
+/// stream over.
+pub(crate) fn writer_epoch(db: &Database) -> Result<u64, OpenError> {
+    let txn = db.begin_write().map_err(setup)?;
+    let epoch = read_optional(&txn, META_WRITER_EPOCH, "writer_epoch")?;
+    txn.abort().map_err(setup)?;
+    Ok(epoch.unwrap_or(0))
+}
 
-/// The version byte that starts both restore marks.
-const RESTORE_MARK_VERSION: u8 = 1;
-
-/// Marks, inside `txn` (one that builds a restored store's file, before its first open), that
-/// the store is rebuilt from a copy of another: what the copy may assume about what the old
-/// store acknowledged, and the last frame of the old store's log it holds. The first open
-/// stamps its time ([`start_restore_window`]), and the restore window runs from there. A
-/// mark already pending is replaced: the last restore counts.
-pub(crate) fn set_restore_pending(
-    txn: &WriteTransaction,
-    guarantee: crate::model::replica::Guarantee,
-    last_frame: u64,
-) -> Result<(), redb::Error> {
-    let value = encode_restore(guarantee, last_frame, None);
+/// Records the writer epoch inside `txn`, which must be durable (a take-over's).
+pub(crate) fn set_writer_epoch(txn: &WriteTransaction, epoch: u64) -> Result<(), redb::Error> {
     txn.open_table(META_TABLE)?
-        .insert(META_RESTORE_PENDING, value.as_slice())?;
+        .insert(META_WRITER_EPOCH, epoch.to_le_bytes().as_slice())?;
     Ok(())
-}
-
-/// At open, before the store serves anything: a pending restore mark becomes the store's
-/// restore, stamped `now`, in one durable commit (a crash before it leaves the mark pending
-/// for the next open). Returns the store's restore, stamped now or by an earlier open; `None`
-/// for a store never restored (older stores have neither entry).
-pub(crate) fn start_restore_window(
-    db: &Database,
-    now: crate::model::clock::Timestamp,
-) -> Result<Option<RestoreMark>, OpenError> {
-    let mut txn = db.begin_write().map_err(setup)?;
-    txn.set_quick_repair(true);
-    let (pending, restored) = {
-        let meta = txn.open_table(META_TABLE).map_err(setup)?;
-        let pending = read_restore(&meta, META_RESTORE_PENDING, "restore_pending")?;
-        (pending, read_restore(&meta, META_RESTORED, "restored")?)
-    };
-    let Some((guarantee, last_frame, _)) = pending else {
-        txn.abort().map_err(setup)?;
-        return Ok(restored.and_then(|(guarantee, last_frame, at)| {
-            at.map(|at| RestoreMark {
-                guarantee,
-                last_frame,
-                at,
-            })
-        }));
-    };
-    let mark = RestoreMark {
-        guarantee,
-        last_frame,
-        at: now,
-    };
-    {
-        let mut meta = txn.open_table(META_TABLE).map_err(setup)?;
-        let value = encode_restore(guarantee, last_frame, Some(now));
-        meta.insert(META_RESTORED, value.as_slice())
-            .map_err(setup)?;
-        meta.remove(META_RESTORE_PENDING).map_err(setup)?;
-    }
-    txn.commit().map_err(setup)?;
-    tracing::warn!(
-        guarantee = guarantee.as_str(),
-        last_frame,
-        restored_at_ms = now.as_millis(),
-        "first open of a restored store: the restore window starts now"
-    );
-    Ok(Some(mark))
-}
-
-fn encode_restore(
-    guarantee: crate::model::replica::Guarantee,
-    last_frame: u64,
-    at: Option<crate::model::clock::Timestamp>,
-) -> Vec<u8> {
-    use crate::model::replica::Guarantee;
-    let mut value = Vec::with_capacity(18);
-    value.push(RESTORE_MARK_VERSION);
-    value.push(match guarantee {
-        Guarantee::Complete => 1,
-        Guarantee::MayLag => 2,
-    });
-    value.extend_from_slice(&last_frame.to_le_bytes());
-    if let Some(at) = at {
-        value.extend_from_slice(&at.as_millis().to_le_bytes());
-    }
-    value
-}
-
-/// A restore mark: the pending one (10 bytes, no time) or the stamped one (18 bytes).
-type RestoreEntry = (
-    crate::model::replica::Guarantee,
-    u64,
-    Option<crate::model::clock::Timestamp>,
-);
-
-fn read_restore(
-    meta: &Table<'_, &[u8], &[u8]>,
-    key: &[u8],
-    name: &'static str,
-) -> Result<Option<RestoreEntry>, OpenError> {
-    use crate::model::replica::Guarantee;
-    let Some(value) = meta.get(key).map_err(setup)? else {
-        return Ok(None);
-    };
-    let bytes = value.value();
-    let corrupt = |detail: String| OpenError::CorruptMeta { key: name, detail };
-    let stamped = key == META_RESTORED;
-    let expected = if stamped { 18 } else { 10 };
-    if bytes.len() != expected {
-        return Err(corrupt(format!(
-            "{} bytes where {expected} are expected",
-            bytes.len()
-        )));
-    }
-    if bytes[0] != RESTORE_MARK_VERSION {
-        return Err(corrupt(format!("version {} is unknown", bytes[0])));
-    }
-    let guarantee = match bytes[1] {
-        1 => Guarantee::Complete,
-        2 => Guarantee::MayLag,
-        other => return Err(corrupt(format!("guarantee {other} is unknown"))),
-    };
-    let u64_at = |at: usize| {
-        let mut le = [0u8; 8];
-        le.copy_from_slice(&bytes[at..at + 8]);
-        u64::from_le_bytes(le)
-    };
-    let at = stamped.then(|| crate::model::clock::Timestamp::from_millis(u64_at(10)));
-    Ok(Some((guarantee, u64_at(2), at)))
-}
-
-#[cfg(test)]
-mod restore_tests {
-    use super::*;
-    use crate::model::clock::Timestamp;
-    use crate::model::replica::Guarantee;
-
-    fn database() -> Result<Database, redb::Error> {
-        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?;
-        let txn = db.begin_write()?;
-        txn.open_table(META_TABLE)?;
-        txn.commit()?;
-        Ok(db)
-    }
-
-    fn entry(db: &Database, key: &[u8]) -> Result<Option<Vec<u8>>, redb::Error> {
-        let txn = db.begin_write()?;
-        let value = txn
-            .open_table(META_TABLE)?
-            .get(key)?
-            .map(|v| v.value().to_vec());
-        txn.abort()?;
-        Ok(value)
-    }
-
-    #[test]
-    fn the_first_open_stamps_a_pending_restore_and_later_ones_read_it() -> Result<(), OpenError> {
-        let db = database().map_err(setup)?;
-        assert_eq!(start_restore_window(&db, Timestamp::from_millis(5))?, None);
-        let txn = db.begin_write().map_err(setup)?;
-        set_restore_pending(&txn, Guarantee::MayLag, 0x0102).map_err(setup)?;
-        txn.commit().map_err(setup)?;
-        assert_eq!(
-            entry(&db, META_RESTORE_PENDING).map_err(setup)?,
-            Some(vec![1, 2, 2, 1, 0, 0, 0, 0, 0, 0]),
-            "the layout in docs/design.md"
-        );
-        let stamped = RestoreMark {
-            guarantee: Guarantee::MayLag,
-            last_frame: 0x0102,
-            at: Timestamp::from_millis(0x0304),
-        };
-        assert_eq!(
-            start_restore_window(&db, Timestamp::from_millis(0x0304))?,
-            Some(stamped)
-        );
-        assert_eq!(entry(&db, META_RESTORE_PENDING).map_err(setup)?, None);
-        assert_eq!(
-            entry(&db, META_RESTORED).map_err(setup)?,
-            Some(vec![1, 2, 2, 1, 0, 0, 0, 0, 0, 0, 4, 3, 0, 0, 0, 0, 0, 0])
-        );
-        assert_eq!(
-            start_restore_window(&db, Timestamp::from_millis(99_999))?,
-            Some(stamped),
-            "a reopen does not move the window"
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn a_damaged_restore_mark_is_corrupt_metadata() -> Result<(), redb::Error> {
-        for (key, value) in [
-            (META_RESTORE_PENDING, vec![1, 2, 0]),
-            (META_RESTORE_PENDING, vec![2, 2, 0, 0, 0, 0, 0, 0, 0, 0]),
-            (
-                META_RESTORED,
-                vec![1, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-            ),
-        ] {
-            let db = database()?;
-            let txn = db.begin_write()?;
-            txn.open_table(META_TABLE)?.insert(key, value.as_slice())?;
-            txn.commit()?;
-            assert!(
-                matches!(
-                    start_restore_window(&db, Timestamp::from_millis(1)),
-                    Err(OpenError::CorruptMeta { .. })
-                ),
-                "{value:?}"
-            );
-        }
-        Ok(())
-    }
 }

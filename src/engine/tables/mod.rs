@@ -10,5 +10,6 @@ pub(super) mod overlay;
 pub(super) mod partitions;
 pub(super) mod read_tx;
 pub(super) mod registry;
+pub(super) mod restore_mark;
 pub(super) mod tx;
 pub(super) mod write_set;

@@ -10,8 +10,23 @@ use crate::wal::ship::Shipper;
 /// For a synchronous store that refuses while the replica is away: whether it may write
 /// now (the replica answers). The error says why not, as "not written" (nothing of the
 /// request ran).
+///
+/// In every mode, a store the stream's writer fenced off (a take-over at a later epoch,
+/// another store's stream) takes no writes: whatever it acknowledged would never reach the
+/// stream, and a restore of the stream would not know it.
 pub(super) fn ship_ready(shipper: Option<&Arc<Shipper>>) -> Result<(), StoreError> {
+    if let Some(e) = shipper.and_then(|s| s.fenced()) {
+        return Err(fenced(e));
+    }
     refusing(shipper).map_or(Ok(()), |s| s.ready().map_err(refused))
+}
+
+fn fenced(e: crate::error::ReplicaError) -> StoreError {
+    StoreError::NotWritten {
+        kind: std::io::ErrorKind::PermissionDenied,
+        cause: format!("this store's stream is written by another store: it takes no writes ({e})")
+            .into(),
+    }
 }
 
 /// For a synchronous store that refuses while the replica is away: whether a restore in

@@ -14,7 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::ReplicaError;
-use crate::model::replica::{Guarantee, SnapshotInfo, StreamPosition, WriterIdentity};
+use crate::model::replica::{SnapshotInfo, StreamPosition, WriterIdentity};
+use crate::model::restore::Lineage;
 
 /// One log frame as it is shipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,21 +29,27 @@ pub struct ShippedFrame {
 /// A stream a store writes its log to. Every call is bounded by the replica's own time limit
 /// and fails with [`ReplicaError::Unreachable`] past it.
 pub trait Replica: Send + Sync + 'static {
-    /// Makes `me` the stream's one writer, and says where the stream stands. Refuses with
-    /// [`ReplicaError::OtherWriter`] when another store writes it; a claim left by this same
-    /// store ([`WriterIdentity::same_store`], a process that died) is taken back.
-    fn claim(&self, me: &WriterIdentity) -> Result<StreamPosition, ReplicaError>;
+    /// Makes `me`, at writer epoch `epoch` (its metadata's), the stream's one writer, and
+    /// says where the stream stands. The rules are `model::writer_epoch::claim`'s: refuses
+    /// with [`ReplicaError::Fenced`] when the stream was taken over at a later epoch (even if
+    /// its writer has since closed), with [`ReplicaError::OtherWriter`] when another store
+    /// writes it; a claim left by this same store ([`WriterIdentity::same_store`], a process
+    /// that died) is taken back. A stream that is gone is created again.
+    fn claim(&self, me: &WriterIdentity, epoch: u64) -> Result<StreamPosition, ReplicaError>;
 
     /// Appends `frames` (in order, consecutive, following the stream's last frame or already
     /// in it) and returns once the replica has acknowledged every one. A frame the stream
     /// already holds (a re-send after a lost acknowledgement) is acknowledged without being
-    /// stored twice. [`ReplicaError::OtherWriter`] if another store has written the stream
-    /// since this one claimed it: this store is fenced off and must stop shipping.
-    fn publish(&self, frames: &[ShippedFrame], guarantee: Guarantee) -> Result<(), ReplicaError>;
+    /// stored twice. Every frame carries `lineage`, for a restore. [`ReplicaError::Fenced`]
+    /// or [`ReplicaError::OtherWriter`] if another store has written the stream since this
+    /// one claimed it: this store must stop shipping. [`ReplicaError::Lost`] if the stream
+    /// or its writer entry is gone, or ends before what it acknowledged: claim again.
+    fn publish(&self, frames: &[ShippedFrame], lineage: &Lineage) -> Result<(), ReplicaError>;
 
     /// Stores `file`, a store's database holding every frame up to `seq` and nothing after,
-    /// as the stream's latest snapshot, then drops the frames at or before `seq`.
-    fn snapshot(&self, seq: u64, file: &Path, guarantee: Guarantee) -> Result<(), ReplicaError>;
+    /// as the stream's latest snapshot (with `lineage`), then drops the frames at or before
+    /// `seq`. Refused as [`publish`](Replica::publish) is.
+    fn snapshot(&self, seq: u64, file: &Path, lineage: &Lineage) -> Result<(), ReplicaError>;
 
     /// Gives the writer's claim up (the store is closing cleanly).
     fn release(&self, me: &WriterIdentity) -> Result<(), ReplicaError>;
@@ -57,19 +64,22 @@ pub trait ReplicaSource {
     /// The latest snapshot's description, without downloading it; `None` if there is none.
     fn latest_snapshot(&self) -> Result<Option<SnapshotInfo>, ReplicaError>;
 
-    /// Calls `each` with every frame after `after`, in order, up to the stream's last frame
-    /// as it is when the call begins; returns that last frame's number (`after` if none).
+    /// Calls `each` with every frame after `after`, and the lineage it was shipped with, in
+    /// order, up to the stream's last frame as it is when the call begins; returns that last
+    /// frame's number (`after` if none).
     fn frames_after(
         &self,
         after: u64,
-        each: &mut dyn FnMut(ShippedFrame, Guarantee) -> Result<(), ReplicaError>,
+        each: &mut dyn FnMut(ShippedFrame, Lineage) -> Result<(), ReplicaError>,
     ) -> Result<u64, ReplicaError>;
 
-    /// Makes `me` the stream's writer in place of a lost one, which is fenced off from then
-    /// on: its publishes fail. `last` is the last frame the restore read;
-    /// [`ReplicaError::Moved`] if the stream has gone past it since (the old writer is still
-    /// shipping: read the new frames, or stop it, and take over again).
-    fn take_over(&self, me: &WriterIdentity, last: u64) -> Result<(), ReplicaError>;
+    /// Makes `me` the stream's writer in place of a lost one, at a new epoch
+    /// (`model::writer_epoch::taken_over`), which it returns: every store at an older epoch
+    /// is fenced off from then on, whatever happens to the entry later. `last` is the last
+    /// frame the restore read, `known` the highest epoch it saw (a stream whose entry is gone
+    /// starts past it); [`ReplicaError::Moved`] if the stream has gone past `last` since (the
+    /// old writer is still shipping: read the new frames, or stop it, and take over again).
+    fn take_over(&self, me: &WriterIdentity, last: u64, known: u64) -> Result<u64, ReplicaError>;
 }
 
 mod shipper;

@@ -9,6 +9,8 @@ pub mod nats;
 pub mod proxy;
 #[cfg(feature = "http")]
 pub mod service;
+#[cfg(feature = "testing")]
+pub mod ship;
 
 use std::path::Path;
 use std::time::Duration;

@@ -27,9 +27,13 @@ use super::{Replica, ShippedFrame};
 use crate::error::ReplicaError;
 use crate::metrics;
 use crate::model::backoff::Doubling;
+use crate::model::clock::Clock;
 use crate::model::replica::{ShipState, Shipping, ShippingStats, Unreachable, WriterIdentity};
+use crate::model::restore::{Lineage, RestoreWindow};
 
+mod claim;
 mod close;
+mod kept;
 mod snapshots;
 
 /// How many recent frames the lag quantiles are taken over.
@@ -44,7 +48,7 @@ const BATCH_BYTES: u64 = 4 << 20;
 pub(crate) type MakeSnapshot = Box<dyn Fn(&Path) -> Result<(PathBuf, u64), String> + Send + Sync>;
 
 /// The shipper's settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct ShipSettings {
     pub(crate) mode: Shipping,
     pub(crate) me: WriterIdentity,
@@ -60,6 +64,13 @@ pub(crate) struct ShipSettings {
     pub(crate) snapshot_dir: PathBuf,
     /// The wait after a failed call, doubling up to the second.
     pub(crate) backoff: Doubling,
+    /// The store's writer epoch (its metadata's): stamped on every frame and snapshot.
+    pub(crate) epoch: u64,
+    /// The store's restore window, if it was restored: while it is open, what it ships may
+    /// lag whatever its mode (`model::restore::Lineage::shipping`).
+    pub(crate) window: Option<RestoreWindow>,
+    /// The store's clock: the time stamped on what it ships.
+    pub(crate) clock: Arc<dyn Clock>,
 }
 
 /// Why a synchronous frame was not acknowledged.
@@ -77,6 +88,9 @@ struct State {
     /// Frames synced locally, not yet acknowledged, in order.
     queue: VecDeque<Queued>,
     queued_bytes: u64,
+    /// Frames acknowledged since the last snapshot, in order (`kept.rs`).
+    kept: VecDeque<Queued>,
+    kept_bytes: u64,
     /// The last frame synced locally.
     durable: u64,
     /// The last frame the stream holds (acknowledged, or covered by a snapshot).
@@ -133,6 +147,8 @@ impl Shipper {
                 last_error: None,
                 queue: VecDeque::new(),
                 queued_bytes: 0,
+                kept: VecDeque::new(),
+                kept_bytes: 0,
                 durable,
                 shipped: 0,
                 needs_snapshot: false,
@@ -234,6 +250,12 @@ impl Shipper {
         }
     }
 
+    /// Why the store may not write, if the stream's writer fenced it off.
+    pub(crate) fn fenced(&self) -> Option<ReplicaError> {
+        let state = self.inner.state.lock();
+        (state.state == ShipState::Fenced).then(|| state.error())
+    }
+
     /// Whether the replica answers and holds every frame synced so far.
     pub(crate) fn caught_up(&self) -> Result<(), ReplicaError> {
         let state = self.inner.state.lock();
@@ -300,7 +322,8 @@ impl State {
             .front()
             .map_or(Duration::ZERO, |q| q.synced.elapsed());
         metrics::gauge(metrics::SHIP_BEHIND_SECONDS, behind.as_secs_f64());
-        let alert = !matches!(self.state, ShipState::Shipping | ShipState::Claiming);
+        let lost = matches!(self.last_error, Some(ReplicaError::Lost { .. }));
+        let alert = lost || !matches!(self.state, ShipState::Shipping | ShipState::Claiming);
         metrics::gauge(metrics::SHIP_ALERT, if alert { 1.0 } else { 0.0 });
     }
 
@@ -402,58 +425,25 @@ impl Inner {
         !state.stopping
     }
 
-    fn failed(&self, e: &ReplicaError) {
-        let mut state = self.state.lock();
-        state.last_error = Some(e.clone());
-        state.state = match e {
-            ReplicaError::OtherWriter { .. } | ReplicaError::Moved { .. } => {
-                tracing::error!(error = %e, "shipping stopped: another store writes the stream");
-                state.clear_queue();
-                ShipState::Fenced
-            }
-            _ => {
-                if state.state != ShipState::Unreachable {
-                    tracing::warn!(error = %e, "the replica is unreachable; shipping tries again");
-                }
-                ShipState::Unreachable
-            }
-        };
-        state.report();
-        drop(state);
-        self.changed.notify_all();
+    /// Claims the stream, then ships frames until stopped; claims it again when the broker
+    /// lost it.
+    fn run_frames(&self) {
+        while self.claim_stream() && self.ship_frames() {}
     }
 
-    /// Claims the stream, then ships frames until stopped.
-    fn run_frames(&self) {
-        let mut failures = 0;
-        loop {
-            if self.state.lock().stopping {
-                return;
-            }
-            match self.replica.claim(&self.settings.me) {
-                Ok(position) => {
-                    self.claimed(position.last_frame, position.snapshot);
-                    break;
-                }
-                Err(e) => {
-                    self.failed(&e);
-                    if matches!(e, ReplicaError::OtherWriter { .. }) {
-                        return;
-                    }
-                    failures += 1;
-                    if !self.pause(self.settings.backoff.spread_after(failures)) {
-                        return;
-                    }
-                }
-            }
-        }
+    /// Ships queued frames until stopped or fenced (`false`), or until the stream is lost
+    /// and must be claimed again (`true`).
+    fn ship_frames(&self) -> bool {
         let mut failures = 0;
         loop {
             let batch = {
                 let mut state = self.state.lock();
                 loop {
                     if state.stopping || state.state == ShipState::Fenced {
-                        return;
+                        return false;
+                    }
+                    if state.state == ShipState::Claiming {
+                        return true;
                     }
                     if !state.needs_snapshot && !state.queue.is_empty() {
                         break;
@@ -473,64 +463,34 @@ impl Inner {
                     .collect();
                 batch
             };
-            match self.replica.publish(&batch, self.settings.mode.guarantee()) {
+            match self.replica.publish(&batch, &self.lineage()) {
                 Ok(()) => {
                     failures = 0;
                     self.shipped(&batch);
                 }
                 Err(e) => {
                     self.failed(&e);
+                    if matches!(e, ReplicaError::Lost { .. }) {
+                        return true;
+                    }
                     failures += 1;
                     if !self.pause(self.settings.backoff.spread_after(failures)) {
-                        return;
+                        return false;
                     }
                 }
             }
         }
     }
 
-    /// The stream is ours and ends at `last`; `snapshot` is where its snapshot is, if any.
-    fn claimed(&self, last: u64, snapshot: Option<u64>) {
-        let mut state = self.state.lock();
-        state.shipped = last;
-        // Frames the stream already holds leave the queue.
-        state.drop_through(last);
-        let next = state.next_to_ship();
-        if last > state.durable {
-            state.state = ShipState::Fenced;
-            state.last_error = Some(ReplicaError::Refused {
-                detail: format!(
-                    "the stream holds frames up to {last}, past this store's log ({}): another store wrote it, or this store is an older copy; restore from the stream, or ship to another one",
-                    state.durable
-                ),
-            });
-            tracing::error!(
-                last,
-                durable = state.durable,
-                "shipping stopped: the stream is ahead of this store"
-            );
-        } else {
-            // A stream begins with a snapshot: a restore needs the store's own file (its
-            // settings, such as the partitions' filter key, are not in any frame).
-            if next != last + 1 || snapshot.is_none() {
-                state.needs_snapshot = true;
-            }
-            state.state = if state.needs_snapshot {
-                ShipState::CatchingUp
-            } else {
-                ShipState::Shipping
-            };
-            state.last_error = None;
-            tracing::info!(
-                stream_last = last,
-                durable = state.durable,
-                catching_up = state.needs_snapshot,
-                "claimed the stream"
-            );
-        }
-        state.report();
-        drop(state);
-        self.changed.notify_all();
+    /// What this store's frames and snapshots carry now.
+    fn lineage(&self) -> Lineage {
+        let settings = &self.settings;
+        Lineage::shipping(
+            settings.mode.guarantee(),
+            settings.epoch,
+            settings.window,
+            settings.clock.now(),
+        )
     }
 
     /// The replica acknowledged `batch`.
@@ -557,6 +517,7 @@ impl Inner {
             let lag = now.duration_since(q.synced);
             state.lags.push_back(lag);
             metrics::seconds(metrics::SHIP_LAG_SECONDS, lag);
+            state.keep(q, self.settings.queue_bytes);
         }
         metrics::count(metrics::SHIP_FRAMES, batch.len() as u64);
         if state.state != ShipState::Shipping && !state.needs_snapshot {

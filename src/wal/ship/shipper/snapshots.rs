@@ -67,9 +67,7 @@ impl Inner {
         }
         let (file, seq) = make(dir).map_err(|e| local("copying the database", &e))?;
         let bytes = std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0);
-        let sent = self
-            .replica
-            .snapshot(seq, &file, self.settings.mode.guarantee());
+        let sent = self.replica.snapshot(seq, &file, &self.lineage());
         let _ = std::fs::remove_dir_all(dir);
         sent.map_err(SnapshotFailure::Replica)?;
         let mut state = self.state.lock();
@@ -80,6 +78,7 @@ impl Inner {
         state.snapshotting = false;
         state.shipped = state.shipped.max(seq);
         state.drop_through(seq);
+        state.forget_kept_through(seq);
         if state.needs_snapshot {
             // Whole again if the queue begins right after the snapshot (or nothing came since).
             state.needs_snapshot = state.next_to_ship() != seq + 1 && state.durable > seq;
