@@ -31,6 +31,15 @@ pub enum PgOpenError {
         /// The driver's error.
         message: String,
     },
+    /// The URL leads to a pooler (PgBouncer) that hands a server connection to another
+    /// client between transactions, or refuses a startup parameter the driver sends.
+    #[error("{problem}; {fix}")]
+    Pooler {
+        /// What the open found.
+        problem: String,
+        /// The setting to change.
+        fix: &'static str,
+    },
     /// Creating or upgrading the schema failed; its transaction was rolled back.
     #[error(
         "could not create or upgrade the schema ({message}); the user needs CREATE rights on the database's schema"

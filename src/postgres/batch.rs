@@ -4,13 +4,27 @@
 //!
 //! No timer: a batch fills while the one before it is in flight, so a lone `begin` goes at
 //! once, and under load each statement carries what arrived during the last.
+//!
+//! Scopes that share a statement must not share its fate. A scope another session holds in an
+//! open transaction (an `execute` in flight, a session whose `COMMIT` answer was lost) is
+//! answered busy by the statement without waiting (its advisory lock, `sql::Hold`); a row
+//! locked any other way makes the statement give up after `sql::LOCK_WAIT_MS`, and the batch
+//! is split in two and each half claimed again, side by side, until the locked scope is alone
+//! and busy. A statement that fails fails only the scopes it carried.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 
 use parking_lot::Mutex;
 use sqlx::postgres::PgRow;
+use sqlx::{AssertSqlSafe, PgConnection, Row};
 use tokio::sync::oneshot;
 
+use super::config::duration_i64;
+use super::driver::{backend, is_lock_wait, timed, within};
+use super::sql::Hold;
+use super::store::PgStore;
 use crate::error::StoreError;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::scope::Scope;
@@ -25,9 +39,25 @@ const MOST: usize = 256;
 /// A scope's columns, as a claimed row names them.
 pub(crate) type Columns = (String, String, String);
 
-/// The answer to one scope's claim: its row if the statement claimed it (or took it over),
-/// none if the scope was not claimable (the caller reads the record to answer).
-pub(crate) type Answer = Result<Option<PgRow>, StoreError>;
+/// What a claim statement did for one scope.
+#[derive(Debug)]
+pub(crate) enum Claimed {
+    /// It claimed the scope (or took it over): the claim's row.
+    Row(PgRow),
+    /// The scope was not claimable: the caller reads the record to answer.
+    Unclaimed,
+    /// Another session holds the scope's row in an open transaction: in progress.
+    Busy,
+}
+
+/// The answer to one scope's claim.
+pub(crate) type Answer = Result<Claimed, StoreError>;
+
+/// The answers of one statement, by scope.
+type Answers = HashMap<Columns, Answer>;
+
+/// A claim statement that gave up waiting for a locked row (`lock_timeout`).
+pub(crate) struct LockWait;
 
 /// One `begin` waiting for its statement.
 pub(crate) struct Waiting {
@@ -128,23 +158,146 @@ impl Batches {
     }
 }
 
-/// Answers every claim of `batch`: its row from `claimed` (by scope), or none; or, if the
-/// statement failed, its error. A caller that has gone is skipped.
-pub(crate) fn answer(batch: Vec<Waiting>, claimed: Result<HashMap<Columns, PgRow>, StoreError>) {
-    match claimed {
-        Ok(mut rows) => {
-            for waiting in batch {
-                let columns = columns(&waiting.scope);
-                let _ = waiting.answer.send(Ok(rows.remove(&columns)));
-            }
-            debug_assert!(rows.is_empty(), "a claimed row that no caller asked for");
+/// Answers every claim of `batch` from `answers` (a scope the statement returned no row for
+/// was not claimable). A caller that has gone is skipped.
+pub(crate) fn answer(batch: Vec<Waiting>, mut answers: Answers) {
+    for waiting in batch {
+        let answer = answers
+            .remove(&columns(&waiting.scope))
+            .unwrap_or(Ok(Claimed::Unclaimed));
+        let _ = waiting.answer.send(answer);
+    }
+    debug_assert!(answers.is_empty(), "an answer that no caller asked for");
+}
+
+/// Every scope of `batch` answered by the statement's failure.
+fn failed(batch: &[Waiting], e: &StoreError) -> Answers {
+    batch
+        .iter()
+        .map(|w| (columns(&w.scope), Err(e.clone())))
+        .collect()
+}
+
+impl PgStore {
+    /// Queues the claim of `scope` for the next statement, starting a runner if one is free,
+    /// and waits for its answer. The runner's own calls are bounded; this bounds the wait for
+    /// its turn too (two statements ahead of it at most, and its own).
+    pub(crate) async fn claim_in_batch(&self, scope: &Scope, fingerprint: Fingerprint) -> Answer {
+        let (joined, answer) = self.inner.batches.join(scope.clone(), fingerprint);
+        if let Joined::StartRunner = joined {
+            tokio::spawn(self.clone().run_batches());
         }
-        Err(e) => {
-            for waiting in batch {
-                let _ = waiting.answer.send(Err(e.clone()));
-            }
+        let limit = self.call_limit().saturating_mul(3);
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(StoreError::Backend {
+                message: "claim: the statement carrying it ended without an answer".into(),
+            }),
+            Err(_) => Err(StoreError::Backend {
+                message: format!("claim: no answer from the database within {limit:?}").into(),
+            }),
         }
     }
+
+    /// A runner: claims what waits, a batch a statement, until nothing does.
+    async fn run_batches(self) {
+        let batches = &self.inner.batches;
+        let mut slot = batches.slot();
+        while let Some(batch) = batches.next(&mut slot) {
+            self.claim_batch(batch).await;
+        }
+    }
+
+    /// One statement for `batch`, on a pooled connection, and each scope answered. If it gave
+    /// up on a locked row, its halves are claimed again side by side, each answered as soon as
+    /// its statement is; a scope alone with the lock is busy.
+    fn claim_batch(&self, batch: Vec<Waiting>) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let scopes: Vec<(&Scope, Fingerprint)> =
+                batch.iter().map(|w| (&w.scope, w.fingerprint)).collect();
+            let claimed = match timed(self.call_limit(), "claim", self.inner.pool.acquire()).await {
+                Ok(mut conn) => self.claim_rows(&mut conn, &scopes, Hold::Shared).await,
+                Err(e) => Err(e),
+            };
+            let answers = match claimed {
+                Ok(Ok(rows)) => by_scope(rows).unwrap_or_else(|e| failed(&batch, &e)),
+                Err(e) => failed(&batch, &e),
+                Ok(Err(LockWait)) if batch.len() == 1 => {
+                    HashMap::from([(columns(&batch[0].scope), Ok(Claimed::Busy))])
+                }
+                Ok(Err(LockWait)) => {
+                    let mut left = batch;
+                    let right = left.split_off(left.len() / 2);
+                    tokio::join!(self.claim_batch(left), self.claim_batch(right));
+                    return;
+                }
+            };
+            answer(batch, answers);
+        })
+    }
+
+    /// The claim statement for `scopes` on `conn`, holding them as `hold` says: a row, with
+    /// its scope, for each it claimed or found busy; [`LockWait`] if it gave up on a row lock.
+    pub(crate) async fn claim_rows(
+        &self,
+        conn: &mut PgConnection,
+        scopes: &[(&Scope, Fingerprint)],
+        hold: Hold,
+    ) -> Result<Result<Vec<PgRow>, LockWait>, StoreError> {
+        let inner = &self.inner;
+        let config = &inner.config;
+        let column = |f: fn(&Scope) -> &str| -> Vec<String> {
+            scopes.iter().map(|(s, _)| f(s).to_owned()).collect()
+        };
+        let fingerprints: Vec<Vec<u8>> = scopes
+            .iter()
+            .map(|(_, fp)| fp.as_bytes().to_vec())
+            .collect();
+        let sql = match hold {
+            Hold::Shared => inner.sql.claim.clone(),
+            Hold::Exclusive => inner.sql.claim_held.clone(),
+        };
+        let claimed = within(
+            self.call_limit(),
+            "claim",
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(column(Scope::tenant))
+                .bind(column(Scope::operation))
+                .bind(column(Scope::key))
+                .bind(fingerprints)
+                .bind(duration_i64(config.lease))
+                .bind(config.now())
+                .bind(duration_i64(config.tombstone_ttl))
+                .fetch_all(&mut *conn),
+        )
+        .await?;
+        match claimed {
+            Ok(rows) => Ok(Ok(rows)),
+            Err(e) if is_lock_wait(&e) => Ok(Err(LockWait)),
+            Err(e) => Err(backend("claim", &e)),
+        }
+    }
+}
+
+/// What a statement's rows say, by scope: claimed, or busy.
+fn by_scope(rows: Vec<PgRow>) -> Result<Answers, StoreError> {
+    let read = |e: sqlx::Error| backend("read a claimed row", &e);
+    rows.into_iter()
+        .map(|row| {
+            let columns = (
+                row.try_get("tenant").map_err(read)?,
+                row.try_get("operation").map_err(read)?,
+                row.try_get("key").map_err(read)?,
+            );
+            let busy: bool = row.try_get("busy").map_err(read)?;
+            let claimed = if busy {
+                Claimed::Busy
+            } else {
+                Claimed::Row(row)
+            };
+            Ok((columns, Ok(claimed)))
+        })
+        .collect()
 }
 
 /// A scope's columns.

@@ -47,7 +47,7 @@ impl Bounds {
         }
     }
 
-    /// The settings every connection of the store starts its session with (sent when it
+    /// The settings every connection of the store starts its session with (set when it
     /// connects, so that a replaced connection has them too).
     pub(crate) fn session(&self) -> [(&'static str, String); 6] {
         let silence = self.silence;
@@ -60,6 +60,17 @@ impl Bounds {
             ("tcp_keepalives_count", KEEPALIVE_PROBES.to_string()),
             ("tcp_user_timeout", millis(silence)),
         ]
+    }
+
+    /// The statements that set [`session`](Self::session)'s settings, sent once a connection
+    /// is up. Not startup parameters (`options`): a pooler such as PgBouncer refuses those
+    /// (`unsupported startup parameter`) or, told to ignore them, drops them, and a session
+    /// pooler keeps what a session sets.
+    pub(crate) fn session_statements(&self) -> String {
+        self.session()
+            .iter()
+            .map(|(setting, value)| format!("SET {setting} = {value}; "))
+            .collect()
     }
 
     /// The statement that gives the migration's transaction its own statement timeout.

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use sqlx::AssertSqlSafe;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::bounds::Bounds;
+use super::pooler;
 use super::schema::{Names, migrate};
 use super::store::PgStore;
 use crate::error::PgOpenError;
@@ -60,6 +62,14 @@ impl Config {
 pub(crate) fn pool_options(bounds: Bounds, size: u32) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(size)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql(AssertSqlSafe(bounds.session_statements()))
+                    .execute(conn)
+                    .await
+                    .map(drop)
+            })
+        })
         .acquire_timeout(bounds.statement)
         .test_before_acquire(false)
         .before_acquire(|conn, meta| {
@@ -272,9 +282,8 @@ impl PgBuilder {
         };
         let options: PgConnectOptions = self.url.parse().map_err(connect)?;
         let bounds = Bounds::new(self.lease, self.timeout);
-        let options = options
-            .application_name("idemstore")
-            .options(bounds.session());
+        let options = options.application_name("idemstore");
+        pooler::check(&options, bounds).await?;
         let upkeep = pool_options(bounds, UPKEEP_CONNECTIONS).connect_lazy_with(options.clone());
         let pool = pool_options(bounds, self.pool_size)
             .connect_with(options)

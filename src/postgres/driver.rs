@@ -15,6 +15,8 @@ use crate::error::StoreError;
 
 /// `statement_timeout`'s SQLSTATE (`query_canceled`).
 pub(crate) const QUERY_CANCELED: &str = "57014";
+/// `lock_timeout`'s SQLSTATE (`lock_not_available`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// What this backend does after a `COMMIT` whose answer was lost: the words
 /// [`StoreError::OutcomeUnknown`] carries to the user.
@@ -58,13 +60,27 @@ pub(crate) async fn timed<T>(
     what: &str,
     call: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(backend(what, &e)),
-        Err(_) => Err(StoreError::Backend {
+    within(limit, what, call)
+        .await?
+        .map_err(|e| backend(what, &e))
+}
+
+/// [`timed`], with the database's own error left for the caller to read (its SQLSTATE).
+pub(crate) async fn within<T>(
+    limit: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<Result<T, sqlx::Error>, StoreError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .map_err(|_| StoreError::Backend {
             message: format!("{what}: no answer from the database within {limit:?}").into(),
-        }),
-    }
+        })
+}
+
+/// Whether `e` is the database giving up on a lock wait (`lock_timeout`).
+pub(crate) fn is_lock_wait(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some(LOCK_NOT_AVAILABLE))
 }
 
 #[cfg(test)]

@@ -23,8 +23,9 @@ impl PgStore {
     /// instead of the two of [`begin`](crate::Protocol::begin) and [`PgTx::commit`].
     ///
     /// `BEGIN`, then the same claiming statement as `begin` (uncommitted: no other session
-    /// sees the claim, and one that tries the same key waits on its row until this
-    /// transaction ends), then `work` with the transaction, then the completion and `COMMIT`.
+    /// sees the claim; it also holds the key's advisory lock until this transaction ends, so a
+    /// `begin` of the key meanwhile answers in progress at once instead of waiting on the
+    /// row), then `work` with the transaction, then the completion and `COMMIT`.
     /// A duplicate gets [`Execution::Replay`], [`Execution::InProgress`] (a two-phase claim
     /// holds the key), [`Execution::Mismatch`] or [`Execution::Expired`], as `begin` would
     /// answer, and `work` does not run. A two-phase claim whose lease ended is taken over
@@ -36,8 +37,8 @@ impl PgStore {
     /// committed claim while it runs. Use `begin` and [`PgTx::commit`] for that.
     ///
     /// `work` runs on the caller's task with the transaction: business SQL through
-    /// [`PgTx::conn`], messages through [`PgTx::publish`]. A duplicate that arrives meanwhile
-    /// waits for it, bounded by the statement timeout ([`PgBuilder::timeout`]), then gets the
+    /// [`PgTx::conn`], messages through [`PgTx::publish`]. A duplicate `execute` that arrives
+    /// meanwhile waits for it, bounded by the statement timeout ([`PgBuilder::timeout`]), then gets the
     /// answer the commit left; so keep `work` short, as any transaction that holds a lock.
     ///
     /// [`PgBuilder::timeout`]: crate::PgBuilder::timeout

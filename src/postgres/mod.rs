@@ -15,7 +15,8 @@
 //! - `record`, `codec`: rows back into records and responses;
 //! - `listen`: `LISTEN`/`NOTIFY` wake-ups; `sweep`: background eviction;
 //! - `outbox`: published messages, the relay's lock and reads, the dead letters;
-//! - `driver`: what the driver's errors mean, and the time limit on every call.
+//! - `driver`: what the driver's errors mean, and the time limit on every call;
+//! - `pooler`: what a pooler in front of the database must allow, checked at open.
 
 mod batch;
 mod bounds;
@@ -26,6 +27,7 @@ mod driver;
 mod execute;
 mod listen;
 mod outbox;
+mod pooler;
 mod protocol;
 mod record;
 mod schema;

@@ -125,10 +125,11 @@ impl PgStore {
         // the silence bound, and another relay takes over. A holder touches its connection
         // more often than that (`hold_relay_lock`).
         let bounds = self.inner.config.bounds;
+        let settings = format!("{}{}", bounds.session_statements(), bounds.idle_session());
         timed(
             self.call_limit(),
-            "bound the relay connection's idle time",
-            sqlx::raw_sql(AssertSqlSafe(bounds.idle_session())).execute(&mut conn),
+            "set the relay connection's time limits",
+            sqlx::raw_sql(AssertSqlSafe(settings)).execute(&mut conn),
         )
         .await?;
         Ok(Delivery {

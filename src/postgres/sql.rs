@@ -22,8 +22,11 @@ pub(crate) struct Sql {
     /// The claim of one or several scopes at once: `$1..$3` their tenants, operations and
     /// keys, `$4` their fingerprints (four arrays of one length, no scope twice), `$5` lease
     /// ms, `$6` now, `$7` tombstone TTL ms. Returns a row, with its scope, for each scope it
-    /// claimed or took over.
+    /// claimed or took over, and one with `busy` true for each another session holds (see
+    /// [`Hold::Shared`]). For a batch of `begin`s.
     pub(crate) claim: Arc<str>,
+    /// The same for `execute`'s one scope, in its transaction ([`Hold::Exclusive`]).
+    pub(crate) claim_held: Arc<str>,
     /// The record and the time, for a claim that wrote nothing: `$1..$3` scope, `$4` now.
     pub(crate) lookup: Arc<str>,
     /// The completion: `$1..$3` scope, `$4` fence, `$5` TTL ms, `$6` now, `$7` status,
@@ -78,7 +81,8 @@ impl Sql {
     /// families (claims, completion, sweep and stats, outbox).
     pub(crate) fn new(names: &Names) -> Self {
         Sql {
-            claim: claim(names).into(),
+            claim: claim(names, Hold::Shared).into(),
+            claim_held: claim(names, Hold::Exclusive).into(),
             lookup: lookup(names).into(),
             complete: complete(names).into(),
             complete_publishing: complete_publishing(names).into(),
@@ -103,49 +107,106 @@ impl Sql {
 
 // Claims: the claim, what a claim that wrote nothing answers from, and what a holder does.
 
+/// How long a batch's claim statement waits for a row another transaction has locked before
+/// it gives up (`lock_timeout`, set for that statement alone): past it the batch is split and
+/// each half claimed again, so that one locked row delays only the scopes it shares a
+/// statement with, and a scope alone with it answers "in progress".
+pub(crate) const LOCK_WAIT_MS: u32 = 100;
+
+/// How a claim statement takes each scope's advisory lock (a transaction-level
+/// `pg_try_advisory_xact_lock` on a hash of the table and the scope): what tells a claim that
+/// another session holds the scope in an open transaction, without waiting on its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// A batch of `begin`s, each in a statement of its own transaction: shared, so batches
+    /// never exclude each other; a scope whose lock is held exclusively is answered busy.
+    Shared,
+    /// `execute`'s claim, inside the transaction that then runs the work: exclusive and
+    /// waited for, held until that transaction ends, so a batch's claim of the scope meanwhile
+    /// is busy instead of waiting on its uncommitted row, and a racing `execute` of the scope
+    /// waits for the first one's commit and replays it.
+    Exclusive,
+}
+
+/// The advisory lock's key for the scope whose columns are the SQL expressions `tenant`,
+/// `operation` and `key`: a 64-bit hash of them and of the table (so that two stores in one
+/// database never exclude each other). A collision only makes a claim answer "in progress"
+/// once, where it would have waited.
+fn scope_lock(names: &Names, tenant: &str, operation: &str, key: &str) -> String {
+    let r = &names.records;
+    format!(
+        "hashtextextended('{r}' || chr(31) || {tenant} || chr(31) || {operation} || chr(31) || {key}, 0)"
+    )
+}
+
 /// One statement decides and writes, for every scope in it. A conflict updates only when the
 /// scope may be claimed: an expired lease of the same request (a take-over: attempt + 1, the
 /// checkpoint and first claim kept), or a completed record or tombstone past its time (gone: a
 /// fresh claim). A fresh claim's origin is 0: its downstream key derives from the request
-/// (`Scope::downstream_key`); a row an earlier build claimed keeps its first fence as origin. Anything else updates nothing and returns no row for that scope; its caller
-/// then reads the record to answer without writing.
+/// (`Scope::downstream_key`); a row an earlier build claimed keeps its first fence as origin.
+/// Anything else updates nothing and returns no row for that scope; its caller then reads the
+/// record to answer without writing.
 ///
 /// The scopes come as arrays, so one statement (one round trip, one WAL flush) claims a whole
 /// batch of concurrent `begin`s; a single `begin` is a batch of one. Each row draws its own
 /// fence (`nextval` in the select list runs once a row), and the rows are inserted in key
 /// order, so two batches lock the scopes they share in the same order.
-fn claim(names: &Names) -> String {
+///
+/// A scope another session holds (its advisory lock, see [`Hold`]) is not written: it comes
+/// back as a row with `busy` true and the claim's columns null. So a key that one `execute`
+/// holds for seconds costs the other scopes of its batch nothing. The shared form also bounds
+/// any other row-lock wait to [`LOCK_WAIT_MS`] (`set_config(..., true)`: this statement's own
+/// transaction only, which works behind a transaction-pooling PgBouncer too).
+fn claim(names: &Names, hold: Hold) -> String {
     let (r, fences) = (&names.records, &names.fences);
+    let lock = scope_lock(names, "u.tenant", "u.operation", "u.key");
+    let (free, wait) = match hold {
+        Hold::Shared => (
+            format!("pg_try_advisory_xact_lock_shared({lock})"),
+            format!(", set_config('lock_timeout', '{LOCK_WAIT_MS}ms', true) AS wait"),
+        ),
+        // Waits for the lock; `void` cast to text is '', never null: always free once held.
+        Hold::Exclusive => (
+            format!("pg_advisory_xact_lock({lock})::text IS NOT NULL"),
+            String::new(),
+        ),
+    };
     format!(
-        "INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
-             origin_fence, attempt, created_ms, lease_until_ms)
-         SELECT q.tenant, q.operation, q.key, q.fingerprint, {IN_PROGRESS}, q.fence, 0, 1,
-                t.now, t.now + $5::bigint
-         FROM (SELECT {now6} AS now) AS t,
-              (SELECT u.tenant, u.operation, u.key, u.fingerprint, nextval('{fences}') AS fence
-               FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
-                    AS u(tenant, operation, key, fingerprint)
-               ORDER BY u.tenant, u.operation, u.key) AS q
-         ON CONFLICT (tenant, operation, key) DO UPDATE SET
-             fence = EXCLUDED.fence,
-             origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
-                                 ELSE EXCLUDED.origin_fence END,
-             attempt = CASE WHEN r.state = {IN_PROGRESS} THEN r.attempt + 1 ELSE 1 END,
-             created_ms = CASE WHEN r.state = {IN_PROGRESS} THEN r.created_ms
-                               ELSE EXCLUDED.created_ms END,
-             checkpoint = CASE WHEN r.state = {IN_PROGRESS} THEN r.checkpoint END,
-             fingerprint = EXCLUDED.fingerprint,
-             state = {IN_PROGRESS},
-             lease_until_ms = EXCLUDED.lease_until_ms,
-             waiters = false,
-             expires_ms = NULL, completed_ms = NULL,
-             status = NULL, headers = NULL, body = NULL
-         WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
-                AND r.lease_until_ms <= EXCLUDED.created_ms)
-            OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
-            OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
-         RETURNING r.tenant, r.operation, r.key, r.fence, r.origin_fence, r.attempt,
-                   r.lease_until_ms, r.checkpoint",
+        "WITH t AS (SELECT {now6} AS now{wait}),
+         q AS MATERIALIZED (
+             SELECT u.tenant, u.operation, u.key, u.fingerprint, {free} AS free
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[])
+                  AS u(tenant, operation, key, fingerprint)),
+         c AS (
+             INSERT INTO {r} AS r (tenant, operation, key, fingerprint, state, fence,
+                 origin_fence, attempt, created_ms, lease_until_ms)
+             SELECT f.tenant, f.operation, f.key, f.fingerprint, {IN_PROGRESS},
+                    nextval('{fences}'), 0, 1, t.now, t.now + $5::bigint
+             FROM t, (SELECT * FROM q WHERE q.free ORDER BY q.tenant, q.operation, q.key) AS f
+             ON CONFLICT (tenant, operation, key) DO UPDATE SET
+                 fence = EXCLUDED.fence,
+                 origin_fence = CASE WHEN r.state = {IN_PROGRESS} THEN r.origin_fence
+                                     ELSE EXCLUDED.origin_fence END,
+                 attempt = CASE WHEN r.state = {IN_PROGRESS} THEN r.attempt + 1 ELSE 1 END,
+                 created_ms = CASE WHEN r.state = {IN_PROGRESS} THEN r.created_ms
+                                   ELSE EXCLUDED.created_ms END,
+                 checkpoint = CASE WHEN r.state = {IN_PROGRESS} THEN r.checkpoint END,
+                 fingerprint = EXCLUDED.fingerprint,
+                 state = {IN_PROGRESS},
+                 lease_until_ms = EXCLUDED.lease_until_ms,
+                 waiters = false,
+                 expires_ms = NULL, completed_ms = NULL,
+                 status = NULL, headers = NULL, body = NULL
+             WHERE (r.state = {IN_PROGRESS} AND r.fingerprint = EXCLUDED.fingerprint
+                    AND r.lease_until_ms <= EXCLUDED.created_ms)
+                OR (r.state = {COMPLETED} AND r.expires_ms + $7::bigint <= EXCLUDED.created_ms)
+                OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
+             RETURNING r.tenant, r.operation, r.key, r.fence, r.origin_fence, r.attempt,
+                       r.lease_until_ms, r.checkpoint)
+         SELECT c.*, false AS busy FROM c
+         UNION ALL
+         SELECT q.tenant, q.operation, q.key, NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::bigint, NULL::bytea, true FROM q WHERE NOT q.free",
         now6 = now(6)
     )
 }
@@ -199,10 +260,15 @@ fn holder(names: &Names) -> String {
 
 /// The completion's CTEs (`$1..$9`; `done` has a row only if the holder's fence still holds
 /// the record), shared by the plain completion and the one that publishes.
+///
+/// The completion holds the scope's advisory lock (see [`Hold`]) from its statement to its
+/// commit: a claim of the scope meanwhile is answered busy, not kept waiting on the row (the
+/// wait was a whole statement timeout when the `COMMIT` was lost on its way).
 fn completing(names: &Names) -> String {
     let r = &names.records;
+    let lock = scope_lock(names, "$1", "$2", "$3");
     format!(
-        "t AS (SELECT {now6} AS now),
+        "t AS (SELECT {now6} AS now, pg_advisory_xact_lock({lock})::text AS held),
          done AS (
              UPDATE {r} AS r SET state = {COMPLETED}, completed_ms = t.now,
                  expires_ms = t.now + $5::bigint, lease_until_ms = NULL,

@@ -1,7 +1,6 @@
 //! [`PgStore`]: the store side of the protocol over PostgreSQL: `begin` (one upsert that
 //! claims, else one read that answers), eviction, the abandoned-work listing and stats.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,14 +8,14 @@ use std::time::Duration;
 use sqlx::postgres::PgRow;
 use sqlx::{AssertSqlSafe, PgConnection, PgPool, Row};
 
-use super::batch::{self, Batches, Columns, Joined, Waiting};
+use super::batch::{Batches, Claimed};
 use super::claim::PgClaim;
 use super::config::{Config, PgBuilder, duration_i64};
 use super::driver::{backend, timed};
 use super::listen::Wakeups;
 use super::record::{record_of, timestamp};
 use super::schema::Names;
-use super::sql::Sql;
+use super::sql::{Hold, Sql};
 use crate::error::StoreError;
 use crate::model::begin::Begin;
 use crate::model::config::Sweep;
@@ -26,7 +25,7 @@ use crate::model::hex::hex;
 use crate::model::limits::Limits;
 use crate::model::maintenance::{Abandoned, Backlog, Evicted};
 use crate::model::outcomes::Outcomes;
-use crate::model::pace::Pace;
+use crate::model::pace::{InFlight, Pace};
 use crate::model::scope::Scope;
 use crate::model::stats::Stats;
 
@@ -111,7 +110,7 @@ pub(crate) struct Inner {
     /// Completions and releases announced by the database, for `begin_or_wait`.
     pub(crate) wakeups: Wakeups,
     /// The claims of concurrent `begin`s, waiting to go in one statement.
-    batches: Batches,
+    pub(crate) batches: Batches,
     sweeper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -200,8 +199,10 @@ impl PgStore {
     ) -> Result<Begin<PgClaim>, StoreError> {
         let started = std::time::Instant::now();
         for _ in 0..RACES {
-            if let Some(row) = self.claim_in_batch(scope, fingerprint).await? {
-                return self.claimed(scope, fingerprint, &row, started);
+            match self.claim_in_batch(scope, fingerprint).await? {
+                Claimed::Row(row) => return self.claimed(scope, fingerprint, &row, started),
+                Claimed::Busy => return Ok(self.busy(scope, started)),
+                Claimed::Unclaimed => {}
             }
             let mut conn = timed(
                 self.call_limit(),
@@ -230,7 +231,13 @@ impl PgStore {
     ) -> Result<Begin<PgClaim>, StoreError> {
         let started = std::time::Instant::now();
         for _ in 0..RACES {
-            let mut rows = self.claim_rows(conn, &[(scope, fingerprint)]).await?;
+            let claimed = self
+                .claim_rows(conn, &[(scope, fingerprint)], Hold::Exclusive)
+                .await?;
+            // A lock wait the user's own `lock_timeout` cut short: someone holds the row.
+            let Ok(mut rows) = claimed else {
+                return Ok(self.busy(scope, started));
+            };
             if let Some(row) = rows.pop() {
                 return self.claimed(scope, fingerprint, &row, started);
             }
@@ -244,87 +251,19 @@ impl PgStore {
         Err(Self::raced(scope))
     }
 
-    /// The claim statement for `scopes` on `conn`: a row, with its scope, for each it claimed.
-    async fn claim_rows(
-        &self,
-        conn: &mut PgConnection,
-        scopes: &[(&Scope, Fingerprint)],
-    ) -> Result<Vec<PgRow>, StoreError> {
-        let config = &self.inner.config;
-        let column = |f: fn(&Scope) -> &str| -> Vec<String> {
-            scopes.iter().map(|(s, _)| f(s).to_owned()).collect()
+    /// The answer for a scope another session holds in an open transaction: in progress, for
+    /// about as long as the operation takes (the holder's lease is not known here).
+    fn busy(&self, scope: &Scope, started: std::time::Instant) -> Begin<PgClaim> {
+        let inner = &self.inner;
+        let in_flight = InFlight {
+            lease_left: inner.config.lease,
+            running_for: Duration::ZERO,
         };
-        let fingerprints: Vec<Vec<u8>> = scopes
-            .iter()
-            .map(|(_, fp)| fp.as_bytes().to_vec())
-            .collect();
-        timed(
-            self.call_limit(),
-            "claim",
-            sqlx::query(AssertSqlSafe(self.inner.sql.claim.clone()))
-                .bind(column(Scope::tenant))
-                .bind(column(Scope::operation))
-                .bind(column(Scope::key))
-                .bind(fingerprints)
-                .bind(duration_i64(config.lease))
-                .bind(config.now())
-                .bind(duration_i64(config.tombstone_ttl))
-                .fetch_all(&mut *conn),
-        )
-        .await
-    }
-
-    /// Queues the claim of `scope` for the next statement, starting a runner if one is free,
-    /// and waits for its answer. The runner's own calls are bounded; this bounds the wait for
-    /// its turn too (two statements ahead of it at most, and its own).
-    async fn claim_in_batch(
-        &self,
-        scope: &Scope,
-        fingerprint: Fingerprint,
-    ) -> Result<Option<PgRow>, StoreError> {
-        let (joined, answer) = self.inner.batches.join(scope.clone(), fingerprint);
-        if let Joined::StartRunner = joined {
-            tokio::spawn(self.clone().run_batches());
-        }
-        let limit = self.call_limit().saturating_mul(3);
-        match tokio::time::timeout(limit, answer).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(StoreError::Backend {
-                message: "claim: the statement carrying it ended without an answer".into(),
-            }),
-            Err(_) => Err(StoreError::Backend {
-                message: format!("claim: no answer from the database within {limit:?}").into(),
-            }),
-        }
-    }
-
-    /// A runner: claims what waits, a batch a statement, until nothing does.
-    async fn run_batches(self) {
-        let batches = &self.inner.batches;
-        let mut slot = batches.slot();
-        while let Some(batch) = batches.next(&mut slot) {
-            let claimed = self.claim_batch(&batch).await;
-            batch::answer(batch, claimed);
-        }
-    }
-
-    /// One statement for `batch`, on a pooled connection: the rows it claimed, by scope.
-    async fn claim_batch(&self, batch: &[Waiting]) -> Result<HashMap<Columns, PgRow>, StoreError> {
-        let mut conn = timed(self.call_limit(), "claim", self.inner.pool.acquire()).await?;
-        let scopes: Vec<(&Scope, Fingerprint)> =
-            batch.iter().map(|w| (&w.scope, w.fingerprint)).collect();
-        let rows = self.claim_rows(&mut conn, &scopes).await?;
-        let read = |e: sqlx::Error| backend("read a claimed row", &e);
-        rows.into_iter()
-            .map(|row| {
-                let columns = (
-                    row.try_get("tenant").map_err(read)?,
-                    row.try_get("operation").map_err(read)?,
-                    row.try_get("key").map_err(read)?,
-                );
-                Ok((columns, row))
-            })
-            .collect()
+        let answer = Begin::InProgress {
+            retry_after: inner.pace.advise(scope.operation(), in_flight),
+        };
+        inner.counters.answered(&answer, None, started.elapsed());
+        answer
     }
 
     /// The answer for a claim the statement made: `Claimed`, or `Recovered` for a take-over.

@@ -28,18 +28,55 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// The same database through PgBouncer: `IDEMSTORE_PGBOUNCER_URL`, else the one `.ci/run`
+/// starts on port 6432, whose database `test` is pooled in session mode (and `test_tx`, the
+/// same database in transaction mode, which a store refuses at open).
+pub fn pgbouncer_url() -> String {
+    std::env::var("IDEMSTORE_PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".to_owned())
+}
+
+/// Starts the PgBouncer [`pgbouncer_url`] names by default, unless `IDEMSTORE_PGBOUNCER_URL`
+/// names another: `.ci/pgbouncer` installs it if missing and starts it once (the machine has
+/// PostgreSQL, not PgBouncer, so `cargo test` must not depend on `.ci/run` having run). Once a
+/// process; what the script said goes to stderr, and a test that then cannot connect fails
+/// with [`unreachable`].
+pub fn start_pgbouncer() {
+    static STARTED: std::sync::Once = std::sync::Once::new();
+    STARTED.call_once(|| {
+        if std::env::var_os("IDEMSTORE_PGBOUNCER_URL").is_some() {
+            return;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/.ci/pgbouncer");
+        match std::process::Command::new(script)
+            .stdin(std::process::Stdio::null())
+            .output()
+        {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "{script} failed ({}): {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("could not run {script}: {e}"),
+        }
+    });
+}
+
 /// The error a test fails with when the database at `url` cannot be used: what went wrong,
-/// and how to start PostgreSQL or point the tests elsewhere.
+/// and how to start PostgreSQL (or PgBouncer) or point the tests elsewhere.
 pub fn unreachable(url: &str, error: &dyn std::fmt::Display) -> BoxError {
     let ci = if std::env::var("CI").as_deref() == Ok("true") {
-        " (CI=true: .ci/run starts PostgreSQL before the tests; it did not come up)"
+        " (CI=true: .ci/run starts PostgreSQL and PgBouncer before the tests; it did not come up)"
     } else {
         ""
     };
     format!(
         "the PostgreSQL tests need a database at {url}: {error}{ci}. Start the machine's \
-         PostgreSQL with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, \
-         or set IDEMSTORE_PG_URL to a database the tests may create tables in"
+         PostgreSQL with `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start` \
+         and PgBouncer with `.ci/pgbouncer` (it installs it if missing), \
+         or set IDEMSTORE_PG_URL and IDEMSTORE_PGBOUNCER_URL to databases the tests may create tables in"
     )
     .into()
 }
@@ -189,8 +226,19 @@ pub struct Postgres {
 impl Postgres {
     /// A harness for the database at [`database_url`].
     pub fn new() -> Self {
+        Self::at(database_url())
+    }
+
+    /// A harness for the same database through PgBouncer ([`pgbouncer_url`]), started
+    /// first if need be ([`start_pgbouncer`]).
+    pub fn behind_pgbouncer() -> Self {
+        start_pgbouncer();
+        Self::at(pgbouncer_url())
+    }
+
+    fn at(url: String) -> Self {
         Postgres {
-            url: database_url(),
+            url,
             prefixes: Mutex::new(Vec::new()),
         }
     }

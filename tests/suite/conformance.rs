@@ -21,6 +21,13 @@ mod postgres {
     idemstore::conformance_suite!(idemstore::testing::conformance::Postgres::new());
 }
 
+/// The same database through PgBouncer in session mode (`IDEMSTORE_PGBOUNCER_URL`, the one
+/// `.ci/run` starts): what users run in production, pooled, passes the same suite.
+#[cfg(feature = "postgres")]
+mod pgbouncer {
+    idemstore::conformance_suite!(idemstore::testing::conformance::Postgres::behind_pgbouncer());
+}
+
 /// The outbox's conformance suite (`idemstore::testing::outbox_conformance`) on the same
 /// backends: messages commit with the claim or not at all, stable ids, the relay's order and
 /// at-least-once delivery through a faulty sink, dead letters, and a reopen.
@@ -40,5 +47,12 @@ mod outbox {
     #[cfg(feature = "postgres")]
     mod postgres {
         idemstore::outbox_conformance_suite!(idemstore::testing::conformance::Postgres::new());
+    }
+
+    #[cfg(feature = "postgres")]
+    mod pgbouncer {
+        idemstore::outbox_conformance_suite!(
+            idemstore::testing::conformance::Postgres::behind_pgbouncer()
+        );
     }
 }

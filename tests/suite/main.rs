@@ -81,6 +81,10 @@ mod nats_cluster;
 mod outbox;
 mod permissions;
 #[cfg(all(feature = "postgres", feature = "testing"))]
+mod pg_bouncer;
+#[cfg(all(feature = "postgres", feature = "testing"))]
+mod pg_locked_key;
+#[cfg(all(feature = "postgres", feature = "testing"))]
 mod pg_silent_network;
 #[cfg(all(
     feature = "http",

@@ -19,7 +19,9 @@ use std::sync::{Arc, Barrier};
 
 use common::service::Service;
 
-use idemstore::testing::postgres::{database_url, drop_prefixes, unique_prefix, unreachable};
+use idemstore::testing::postgres::{
+    database_url, drop_prefixes, pgbouncer_url, start_pgbouncer, unique_prefix, unreachable,
+};
 use serde_json::{Value, json};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -43,8 +45,8 @@ struct Shared {
 }
 
 impl Shared {
-    fn new() -> Result<Shared, Box<dyn std::error::Error>> {
-        let url = database_url();
+    /// The instances' database at `url` (PostgreSQL, or PgBouncer in front of it).
+    fn at(url: String) -> Result<Shared, Box<dyn std::error::Error>> {
         // Fails (never skips) when the database is not there, saying how to start it.
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -146,7 +148,19 @@ fn charge_body(amount: u64) -> String {
 
 #[test]
 fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResult {
-    let shared = Shared::new()?;
+    two_hundred_identical_requests_across_two_instances_charge_once_at(database_url())
+}
+
+/// The same through PgBouncer in session mode: each instance's pool goes through it.
+#[test]
+fn two_hundred_identical_requests_across_two_instances_charge_once_behind_pgbouncer() -> TestResult
+{
+    start_pgbouncer();
+    two_hundred_identical_requests_across_two_instances_charge_once_at(pgbouncer_url())
+}
+
+fn two_hundred_identical_requests_across_two_instances_charge_once_at(url: String) -> TestResult {
+    let shared = Shared::at(url)?;
     let services = Arc::new([shared.start("a", &[])?, shared.start("b", &[])?]);
     let barrier = Arc::new(Barrier::new(200));
     let threads: Vec<_> = (0..200)
@@ -201,7 +215,21 @@ fn two_hundred_identical_requests_across_two_instances_charge_once() -> TestResu
 
 #[test]
 fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> TestResult {
-    let shared = Shared::new()?;
+    an_instance_killed_between_charge_and_commit_is_recovered_by_the_other_at(database_url())
+}
+
+/// The same through PgBouncer in session mode: each instance's pool goes through it.
+#[test]
+fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other_behind_pgbouncer()
+-> TestResult {
+    start_pgbouncer();
+    an_instance_killed_between_charge_and_commit_is_recovered_by_the_other_at(pgbouncer_url())
+}
+
+fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other_at(
+    url: String,
+) -> TestResult {
+    let shared = Shared::at(url)?;
     let hooks = [("EDGE_MANUAL_CLOCK", "1"), ("EDGE_LEASE_SECS", "30")];
     let doomed = shared.start("a", &[hooks[0], hooks[1], ("EDGE_PAUSE_AFTER_CHARGE", "1")])?;
     let survivor = shared.start("b", &hooks)?;
@@ -248,7 +276,7 @@ fn an_instance_killed_between_charge_and_commit_is_recovered_by_the_other() -> T
 /// over, and the stream ends up with exactly one event per charge committed in PostgreSQL.
 #[test]
 fn two_relays_and_a_kill_leave_one_event_per_charge_in_the_stream() -> TestResult {
-    let shared = Shared::new()?;
+    let shared = Shared::at(database_url())?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -403,7 +431,7 @@ fn get(service: &Service, path: &str, auth: &str) -> Result<(u16, String), ureq:
 /// operator, and serves the store's metrics on `/metrics`, counted from the same events.
 #[test]
 fn stats_and_metrics_have_one_shape_on_both_backends() -> TestResult {
-    let shared = Shared::new()?;
+    let shared = Shared::at(database_url())?;
     let operator = [("EDGE_ADMIN_TOKEN", "sk_test_operator")];
     let on_pg = shared.start("pg", &operator)?;
     let local_data = shared.dir.path().join("local");

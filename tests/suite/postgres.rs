@@ -288,8 +288,13 @@ async fn the_schema_setup_is_not_cut_short_by_the_stores_statement_timeout() -> 
     Ok(())
 }
 
+/// Another session locks a record's row and sits on it. A `begin` of that key answers in
+/// progress at once (its claim gives up on the lock after `LOCK_WAIT_MS`, never the whole
+/// statement timeout), and the holder's own statement on the row is cancelled at the
+/// timeout instead of hanging.
 #[tokio::test]
-async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> TestResult {
+async fn a_row_another_session_locks_is_in_progress_and_its_holder_fails_instead_of_hanging()
+-> TestResult {
     let prefix = Prefix::new("slow");
     let clock = clock();
     let store = prefix
@@ -298,8 +303,7 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
         .open()
         .await
         .map_err(|e| unreachable(prefix.url(), &e))?;
-    let claim = claimed(store.begin(&scope("s1"), fp("r")).await?)?;
-    // Another session locks the record and sits on it.
+    let mut claim = claimed(store.begin(&scope("s1"), fp("r")).await?)?;
     let blocker = sqlx::PgPool::connect(prefix.url()).await?;
     let mut locked = blocker.begin().await?;
     sqlx::query(AssertSqlSafe(format!(
@@ -309,11 +313,25 @@ async fn a_statement_blocked_past_the_timeout_fails_instead_of_hanging() -> Test
     .execute(&mut *locked)
     .await?;
     let started = std::time::Instant::now();
-    let answer = store.begin(&scope("s1"), fp("r")).await;
+    let answer = store.begin(&scope("s1"), fp("r")).await?;
     assert!(
-        matches!(answer, Err(StoreError::Backend { .. })),
-        "{:?}",
-        answer.map(|b| b.outcome())
+        matches!(answer, Begin::InProgress { .. }),
+        "{}",
+        answer.outcome()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "a locked key waited {:?}, the statement timeout",
+        started.elapsed()
+    );
+    let started = std::time::Instant::now();
+    let extended = claim.extend(Duration::from_secs(5)).await;
+    assert!(
+        matches!(
+            &extended,
+            Err(ClaimError::Store(StoreError::Backend { .. }))
+        ),
+        "{extended:?}"
     );
     assert!(
         started.elapsed() < Duration::from_secs(5),
