@@ -43,3 +43,7 @@ pub use tx::PgTx;
 
 #[cfg(feature = "testing")]
 pub(crate) use schema::Names;
+#[cfg(feature = "testing")]
+pub use sql::Planning;
+#[cfg(feature = "testing")]
+pub(crate) use sql::{EVICTION, Sql};

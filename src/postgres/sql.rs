@@ -328,9 +328,26 @@ fn release(names: &Names) -> String {
 
 // Sweep and stats: eviction past the TTL, abandoned claims, counts.
 
+/// How the store sends a statement to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+pub enum Planning {
+    /// Prepared once per connection: its plan is cached, and after five runs it may be the
+    /// generic one, made without the values.
+    Cached,
+    /// Sent unprepared, planned with its values at every run.
+    EachRun,
+}
+
+/// How the eviction passes are planned: each run, with its limit. Their generic plan cannot
+/// see the limit and guesses a tenth of the table; on a million analyzed rows it then joins
+/// the due rows back with a hash over the whole table (`tests/suite/pg_plans.rs`). A pass
+/// runs once a sweep interval, so planning it each time costs nothing that shows.
+pub(crate) const EVICTION: Planning = Planning::EachRun;
+
 /// Due rows are locked and skipped if locked, so sweepers of several instances share the work
 /// instead of waiting for each other. `more` looks past the limit in the statement's snapshot
-/// (which still holds the rows handled here).
+/// (which still holds the rows handled here). Planned as [`EVICTION`] says.
 fn evict_completed(names: &Names) -> String {
     let r = &names.records;
     format!(

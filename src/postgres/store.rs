@@ -15,7 +15,7 @@ use super::driver::{backend, timed};
 use super::listen::Wakeups;
 use super::record::{record_of, timestamp};
 use super::schema::Names;
-use super::sql::{Hold, Sql};
+use super::sql::{EVICTION, Hold, Planning, Sql};
 use crate::error::StoreError;
 use crate::model::begin::Begin;
 use crate::model::config::Sweep;
@@ -380,6 +380,7 @@ impl PgStore {
     ) -> Result<(usize, bool), StoreError> {
         let config = &self.inner.config;
         let mut query = sqlx::query(AssertSqlSafe(sql.clone()))
+            .persistent(EVICTION == Planning::Cached)
             .bind(config.now())
             .bind(i64::try_from(limit).unwrap_or(i64::MAX));
         if with_tombstone_ttl {

@@ -20,7 +20,8 @@ use crate::model::execution::Execution;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::response::Response;
 use crate::model::scope::Scope;
-use crate::postgres::{Names, PgClaim, PgStore, PgTx};
+pub use crate::postgres::Planning;
+use crate::postgres::{EVICTION, Names, PgClaim, PgStore, PgTx, Sql};
 
 /// The URL tests connect to: `IDEMSTORE_PG_URL`, else the machine's local PostgreSQL.
 pub fn database_url() -> String {
@@ -79,6 +80,35 @@ pub fn unreachable(url: &str, error: &dyn std::fmt::Display) -> BoxError {
          or set IDEMSTORE_PG_URL and IDEMSTORE_PGBOUNCER_URL to databases the tests may create tables in"
     )
     .into()
+}
+
+/// The statements a store under `prefix` sends to its records table, by name, and how each is
+/// planned: every one but the count behind `stats` (which reads the whole table by design).
+/// For a test that reads their plans.
+///
+/// # Errors
+/// The prefix is not a plain identifier.
+pub fn record_statements(prefix: &str) -> Result<Vec<(&'static str, String, Planning)>, BoxError> {
+    let sql = Sql::new(&Names::new(prefix)?);
+    let cached = Planning::Cached;
+    Ok([
+        ("claim", &sql.claim, cached),
+        ("claim_held", &sql.claim_held, cached),
+        ("lookup", &sql.lookup, cached),
+        ("complete", &sql.complete, cached),
+        ("complete_publishing", &sql.complete_publishing, cached),
+        ("release", &sql.release, cached),
+        ("mark_waiting", &sql.mark_waiting, cached),
+        ("extend", &sql.extend, cached),
+        ("checkpoint", &sql.checkpoint, cached),
+        ("holder", &sql.holder, cached),
+        ("evict_completed", &sql.evict_completed, EVICTION),
+        ("evict_tombstones", &sql.evict_tombstones, EVICTION),
+        ("abandoned", &sql.abandoned, cached),
+    ]
+    .into_iter()
+    .map(|(name, text, planning)| (name, text.to_string(), planning))
+    .collect())
 }
 
 /// A table prefix no other test uses: process, counter and time.

@@ -85,6 +85,8 @@ mod pg_bouncer;
 #[cfg(all(feature = "postgres", feature = "testing"))]
 mod pg_locked_key;
 #[cfg(all(feature = "postgres", feature = "testing"))]
+mod pg_plans;
+#[cfg(all(feature = "postgres", feature = "testing"))]
 mod pg_silent_network;
 #[cfg(all(
     feature = "http",
