@@ -41,7 +41,7 @@ pub fn pgbouncer_url() -> String {
 /// names another: `.ci/pgbouncer` installs it if missing and starts it once (the machine has
 /// PostgreSQL, not PgBouncer, so `cargo test` must not depend on `.ci/run` having run). Once a
 /// process; what the script said goes to stderr, and a test that then cannot connect fails
-/// with [`unreachable`].
+/// with [`unreachable()`].
 pub fn start_pgbouncer() {
     static STARTED: std::sync::Once = std::sync::Once::new();
     STARTED.call_once(|| {
