@@ -1,6 +1,11 @@
 //! Checkpoints: when one is due, taking one, and what a failed one leaves.
 
-use super::*;
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use std::time::Instant;
+
+use super::{Appends, Job, JobKind, LogFailure, Reopen, StoreError, Writer, catch_up};
 
 impl Writer {
     /// Frames replayed at open (or by a restore) are in redb without a sync, and their segments

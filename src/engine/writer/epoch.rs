@@ -1,7 +1,14 @@
 //! An epoch: groups run in one redb transaction until it should end, then published.
 
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
 use super::ship_gate;
-use super::*;
+use super::{
+    AfterGroup, Durability, EPOCH_TIME, Job, JobKind, LINGER, LogThread, Needs, OpenTables, Reopen,
+    StoreError, WriteTransaction, Writer, requests_before_reopen,
+};
 use crate::engine::tables::overlay::RecordWrite;
 
 /// What one group did.

@@ -1,6 +1,15 @@
 //! One group of requests: run in the epoch's transaction, then handed to the log.
 
-use super::*;
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::panic::catch_unwind;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{
+    Context, Counters, Epoch, Group, GroupOutcome, Handoff, Job, JobKind, Keep, Needs, OpenTables,
+    StoreError, Submission, Timestamp, Tx, WriteSet, WriteTransaction, Writer, panic_message, wal,
+};
 use crate::engine::tables::overlay::{RecordTable, RecordWrite};
 
 impl Writer {

@@ -1,6 +1,6 @@
 //! How the writer makes a group durable, and so how long an epoch lasts: the writer's mode.
 
-use super::*;
+use super::{Job, Log, LogDir, LogStart, LogThread, Shared, finish_counted};
 use crate::engine::tables::overlay::RecordWrite;
 
 /// How a group becomes durable (`Durability` in the settings), which decides what an epoch is.

@@ -1,7 +1,13 @@
 //! The end of an epoch: publishing what is durable to readers, or rebuilding without what failed.
 
+use std::panic::AssertUnwindSafe;
+use std::panic::catch_unwind;
+
 use super::epoch_end::{EpochEnd, Writes, epoch_end};
-use super::*;
+use super::{
+    Counters, Epoch, FailedOutcome, Job, LogFailure, LogThread, Mode, Needs, Reopen, StoreError,
+    WriteTransaction, Writer, finish_counted, panic_message, replay,
+};
 use crate::engine::tables::meta;
 
 impl Writer {

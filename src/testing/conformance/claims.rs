@@ -1,6 +1,11 @@
 //! Claims: replay, in progress and its advice, mismatch, recovery, fencing, release.
 
-use super::*;
+use std::time::Duration;
+
+use super::{
+    Begin, BoxError, CommitError, Harness, ManualClock, Protocol, ProtocolClaim, Response, Scope,
+    Settings, Timestamp, claimed, clock, fingerprint, scope, stale, stored_response,
+};
 use crate::model::claim::Recovery;
 
 /// Claims a key, completes it, and replays it: the same status, headers and bytes.

@@ -3,7 +3,12 @@
 //! backend that restates the decision (PostgreSQL does, in its claiming statement's `WHERE`)
 //! is tied to the one copy here, at every edge of the table.
 
-use super::*;
+use std::time::Duration;
+
+use super::{
+    Backlog, Begin, BoxError, Clock, Harness, ManualClock, Protocol, ProtocolClaim, Response,
+    Scope, Settings, claimed, clock, fingerprint, scope,
+};
 use crate::model::decision::{self, Decision};
 use crate::model::record::{Record, RecordState};
 

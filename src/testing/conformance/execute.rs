@@ -2,8 +2,14 @@
 //! The work writes one business row, so each case counts side effects in two ways: how many
 //! times the work ran, and the rows that committed.
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
+use super::{
+    AtomicU32, Begin, BoxError, CommitError, Fingerprint, Harness, Protocol, ProtocolClaim,
+    Response, Scope, Settings, claimed, clock, fingerprint, scope, stored_response,
+};
 use crate::error::ExecuteError;
 use crate::model::execution::Execution;
 

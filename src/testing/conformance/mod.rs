@@ -17,7 +17,6 @@
 //! }
 //! ```
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,6 +1,13 @@
 //! Real tasks racing the same keys: each key's work runs once.
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::{
+    AtomicU32, Begin, BoxError, Harness, Protocol, ProtocolClaim, Response, Settings, claimed,
+    clock, fingerprint, scope,
+};
 
 /// Races `tasks` tasks on each of `keys` keys: every task retries until it has the key's
 /// response. Returns how many times the work ran per key.

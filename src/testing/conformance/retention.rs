@@ -1,6 +1,11 @@
 //! Retention: eviction in bounded passes, tombstones.
 
-use super::*;
+use std::time::Duration;
+
+use super::{
+    Backlog, Begin, BoxError, Clock, Harness, Protocol, ProtocolClaim, Response, Settings,
+    Timestamp, claimed, clock, fingerprint, scope,
+};
 
 /// Past their TTL, completed records answer as absent whether or not they were evicted yet;
 /// eviction removes only records that are gone, in passes of at most the limit asked for,

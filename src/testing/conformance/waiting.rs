@@ -1,6 +1,11 @@
 //! Waiting for a holder, abandoned work, tenants kept apart.
 
-use super::*;
+use std::time::Duration;
+
+use super::{
+    Begin, BoxError, Harness, Protocol, ProtocolClaim, Response, Settings, claimed, clock,
+    fingerprint, scope, stored_response,
+};
 
 /// `begin_or_wait` waits for a live holder and answers its outcome: its response if it
 /// completed, a claim if it released; past `max_wait` it answers `InProgress`.

@@ -1,6 +1,15 @@
 //! What the relay delivers: order per subject through faults, dead letters, no starvation, a reopen.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::{
+    BoxError, Faulty, Mutex, Outbox, OutboxHarness, Protocol, Relay, Shared, clock, commit_new,
+    eventually, outbox_is, relay_config, within,
+};
 use crate::model::message::DeadLetter;
 
 /// Four tasks commit 30 orders each, each task to a subject of its own (so that the

@@ -1,6 +1,12 @@
 //! What a commit records: no message without the commit, ids from the downstream key, the payload.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Begin, BoxError, Clock, Committed, Ending, Faulty, Fingerprint, OutboxHarness, Protocol,
+    ProtocolClaim, Relay, Shared, claim, clock, outbox_is, relay_config, scope,
+};
 
 /// A commit whose work fails after publishing, and a commit by a holder that another
 /// attempt took over, leave no message; the holder's own commit does.
