@@ -61,8 +61,9 @@
 //! ## Layout
 //!
 //! Floors, top to bottom. Code on a floor names only the floors below it (a doc link may point
-//! anywhere); `.ci/floors.py` holds the same list and fails CI on an import that points up or
-//! sideways. This is the one map: `docs/design.md` points here.
+//! anywhere); `.ci/floors.py` reads this list (and the engine's, in its `mod.rs`) and fails CI
+//! on a path that points up or sideways, however it is written. This is the one map:
+//! `docs/design.md` points here.
 //!
 //! 1. `testing` (feature `testing`): the crash harness and the conformance suites, over
 //!    everything below.

@@ -11,17 +11,18 @@
 //! The folders and files, each named by what it does, top to bottom: each names only those
 //! below it (`.ci/floors.py` checks this too).
 //! 1. `upkeep` (eviction, checkpoints, compaction, recovery on request), the `sweeper`
-//!    that runs it, `backup` (the store copied from one snapshot into a new directory),
-//!    `shipping` (the log's shipper started with the engine, and the snapshots it sends) and
-//!    `rebuild` (a store rebuilt from a replica's snapshot and frames);
-//! 2. `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through
+//!    that runs it, `shipping` (the log's shipper started with the engine, and the snapshots
+//!    it sends) and `rebuild` (a store rebuilt from a replica's snapshot and frames);
+//! 2. `backup` (the store copied from one snapshot into a new directory; shipping's
+//!    snapshots are made by its copier);
+//! 3. `reads`: `begin` and `begin_or_wait` (the read path, then the writer), reads through
 //!    the indexes, the overlay of acknowledged records not yet published;
-//! 3. `requests`: each write a facade can ask for, what it does on the writer, and the queue
+//! 4. `requests`: each write a facade can ask for, what it does on the writer, and the queue
 //!    that hands it over and waits for its answer;
-//! 4. `writer`: the writer thread, its jobs, groups, epochs, checkpoints and restores;
-//! 5. `recovery`: catching up with the log at open, and replaying it;
-//! 6. `tables`: the registry, the store's own tables and key layout, transactions, the file;
-//! 7. `counters`, `poison` (writes refused after a failure) and `watchers` (the claims held
+//! 5. `writer`: the writer thread, its jobs, groups, epochs, checkpoints and restores;
+//! 6. `recovery`: catching up with the log at open, and replaying it;
+//! 7. `tables`: the registry, the store's own tables and key layout, transactions, the file;
+//! 8. `counters`, `poison` (writes refused after a failure) and `watchers` (the claims held
 //!    here, and who waits for them), which every floor may touch.
 
 mod backup;
