@@ -1,9 +1,6 @@
 //! The store's settings, validated once at open.
 
-use crate::model::limits::{
-    MAX_BATCH, MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_SEGMENT_BYTES, MAX_TTL,
-    MIN_SEGMENT_BYTES,
-};
+use crate::model::limits::{MAX_BATCH, MAX_SEGMENT_BYTES, MIN_SEGMENT_BYTES};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +8,7 @@ use std::time::Duration;
 use crate::model::clock::{Clock, SystemClock};
 use crate::model::invalid::InvalidSetting;
 use crate::model::memory::{DEFAULT_MEMORY_BUDGET, MIN_MEMORY_BUDGET, MemoryShares};
+use crate::model::settings::Settings;
 
 /// How a group of requests is made durable before anyone hears of it.
 ///
@@ -152,12 +150,13 @@ pub(crate) struct Config {
 
 impl Default for Config {
     fn default() -> Self {
+        let shared = Settings::default();
         Config {
-            ttl: Duration::from_secs(24 * 3600),
-            tombstone_ttl: Duration::ZERO,
-            lease: Duration::from_secs(30),
-            max_response_bytes: 1024 * 1024,
-            max_checkpoint_bytes: 64 * 1024,
+            ttl: shared.ttl,
+            tombstone_ttl: shared.tombstone_ttl,
+            lease: shared.lease,
+            max_response_bytes: shared.max_response_bytes,
+            max_checkpoint_bytes: shared.max_checkpoint_bytes,
             max_batch: 1024,
             durability: Durability::default(),
             segment_bytes: 8 * 1024 * 1024,
@@ -198,43 +197,24 @@ impl Config {
         self.restore.validate()
     }
 
-    /// How long records and claims last.
+    /// The settings every backend shares: one rule each, in `model::settings`.
     fn validate_durations(&self) -> Result<(), InvalidSetting> {
-        if self.ttl < Duration::from_millis(1) || self.ttl > MAX_TTL {
-            return invalid(
-                "ttl",
-                format!("{:?} is outside 1 ms ..= 3650 days", self.ttl),
-            );
-        }
-        if self.tombstone_ttl > MAX_TTL {
-            return invalid(
-                "tombstone_ttl",
-                format!("{:?} is over 3650 days", self.tombstone_ttl),
-            );
-        }
-        if self.lease < Duration::from_millis(1) || self.lease > MAX_LEASE {
-            return invalid(
-                "lease",
-                format!("{:?} is outside 1 ms ..= 7 days", self.lease),
-            );
-        }
-        Ok(())
+        self.settings().validate()
     }
 
-    /// What one request may store, and how many a writer group takes.
+    /// The settings of [`Settings`] as this store holds them.
+    fn settings(&self) -> Settings {
+        Settings {
+            ttl: self.ttl,
+            tombstone_ttl: self.tombstone_ttl,
+            lease: self.lease,
+            max_response_bytes: self.max_response_bytes,
+            max_checkpoint_bytes: self.max_checkpoint_bytes,
+        }
+    }
+
+    /// How many requests a writer group takes.
     fn validate_sizes(&self) -> Result<(), InvalidSetting> {
-        if !(1024..=MAX_RESPONSE_BYTES).contains(&self.max_response_bytes) {
-            return invalid(
-                "max_response_bytes",
-                format!("{} is outside 1 KiB ..= 64 MiB", self.max_response_bytes),
-            );
-        }
-        if self.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES {
-            return invalid(
-                "max_checkpoint_bytes",
-                format!("{} is over 16 MiB", self.max_checkpoint_bytes),
-            );
-        }
         if !(1..=MAX_BATCH).contains(&self.max_batch) {
             return invalid(
                 "max_batch",

@@ -26,6 +26,7 @@ pub(crate) mod response;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub(crate) mod restore;
 pub(crate) mod scope;
+pub(crate) mod settings;
 pub(crate) mod stats;
 // The writer rules are kept by the replicas (`replica::JetStream`, feature `nats`;
 // `testing::MemoryReplica`): a build with neither uses only the shipper's part of them.

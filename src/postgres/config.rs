@@ -13,7 +13,7 @@ use super::store::PgStore;
 use crate::error::PgOpenError;
 use crate::model::clock::{Clock, duration_millis};
 use crate::model::config::Sweep;
-use crate::model::limits::{MAX_CHECKPOINT_BYTES, MAX_LEASE, MAX_RESPONSE_BYTES, MAX_TTL};
+use crate::model::settings::Settings;
 
 /// A pooled connection idle this long is pinged before it is used.
 const IDLE_PING: Duration = Duration::from_secs(1);
@@ -138,11 +138,8 @@ pub(crate) fn duration_i64(d: Duration) -> i64 {
 pub struct PgBuilder {
     url: String,
     prefix: String,
-    lease: Duration,
-    ttl: Duration,
-    tombstone_ttl: Duration,
-    max_response_bytes: usize,
-    max_checkpoint_bytes: usize,
+    /// Lease, TTLs and size caps: the settings every backend shares, checked by one rule.
+    settings: Settings,
     pool_size: u32,
     timeout: Duration,
     sweep: Sweep,
@@ -154,11 +151,7 @@ impl PgBuilder {
         PgBuilder {
             url: url.to_owned(),
             prefix: "idemstore_".to_owned(),
-            lease: Duration::from_secs(30),
-            ttl: Duration::from_secs(24 * 3600),
-            tombstone_ttl: Duration::ZERO,
-            max_response_bytes: 1024 * 1024,
-            max_checkpoint_bytes: 64 * 1024,
+            settings: Settings::default(),
             pool_size: 10,
             timeout: Duration::from_secs(5),
             sweep: Sweep::default(),
@@ -177,32 +170,32 @@ impl PgBuilder {
     /// How long a claim holds its key. Default 30 s; 1 ms ..= 7 days. Also the longest a
     /// silent session lives on the server (see "Time limits").
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.settings.lease = lease;
         self
     }
 
     /// How long a completed record answers retries. Default 24 h; at most 10 years.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
+        self.settings.ttl = ttl;
         self
     }
 
     /// How long after the TTL a retry is told `Expired` instead of running again. Default
     /// zero (off); at most 10 years.
     pub fn tombstone_ttl(mut self, tombstone_ttl: Duration) -> Self {
-        self.tombstone_ttl = tombstone_ttl;
+        self.settings.tombstone_ttl = tombstone_ttl;
         self
     }
 
     /// The largest response a commit may store, encoded. Default 1 MiB; at most 64 MiB.
     pub fn max_response_bytes(mut self, bytes: usize) -> Self {
-        self.max_response_bytes = bytes;
+        self.settings.max_response_bytes = bytes;
         self
     }
 
     /// The largest checkpoint. Default 64 KiB; at most 16 MiB.
     pub fn max_checkpoint_bytes(mut self, bytes: usize) -> Self {
-        self.max_checkpoint_bytes = bytes;
+        self.settings.max_checkpoint_bytes = bytes;
         self
     }
 
@@ -250,27 +243,9 @@ impl PgBuilder {
     pub async fn open(self) -> Result<PgStore, PgOpenError> {
         let names = Names::new(&self.prefix)?;
         let invalid = |setting, reason: String| PgOpenError::InvalidSetting { setting, reason };
-        if self.lease.is_zero() || self.lease > MAX_LEASE {
-            return Err(invalid(
-                "lease",
-                format!("{:?} is outside 1 ms ..= {MAX_LEASE:?}", self.lease),
-            ));
-        }
-        if self.ttl > MAX_TTL || self.tombstone_ttl > MAX_TTL {
-            return Err(invalid("ttl", format!("TTLs go up to {MAX_TTL:?}")));
-        }
-        if self.max_response_bytes > MAX_RESPONSE_BYTES {
-            return Err(invalid(
-                "max_response_bytes",
-                format!("at most {MAX_RESPONSE_BYTES}"),
-            ));
-        }
-        if self.max_checkpoint_bytes > MAX_CHECKPOINT_BYTES {
-            return Err(invalid(
-                "max_checkpoint_bytes",
-                format!("at most {MAX_CHECKPOINT_BYTES}"),
-            ));
-        }
+        self.settings
+            .validate()
+            .map_err(|e| invalid(e.setting, e.reason))?;
         if !(1..=10_000).contains(&self.pool_size) {
             return Err(invalid("pool_size", "1 ..= 10000 connections".into()));
         }
@@ -281,7 +256,7 @@ impl PgBuilder {
             message: e.to_string(),
         };
         let options: PgConnectOptions = self.url.parse().map_err(connect)?;
-        let bounds = Bounds::new(self.lease, self.timeout);
+        let bounds = Bounds::new(self.settings.lease, self.timeout);
         let options = options.application_name("idemstore");
         pooler::check(&options, bounds).await?;
         let upkeep = pool_options(bounds, UPKEEP_CONNECTIONS).connect_lazy_with(options.clone());
@@ -291,11 +266,11 @@ impl PgBuilder {
             .map_err(connect)?;
         migrate(&pool, &names, bounds).await?;
         let config = Config {
-            lease: self.lease,
-            ttl: self.ttl,
-            tombstone_ttl: self.tombstone_ttl,
-            max_response_bytes: self.max_response_bytes,
-            max_checkpoint_bytes: self.max_checkpoint_bytes,
+            lease: self.settings.lease,
+            ttl: self.settings.ttl,
+            tombstone_ttl: self.settings.tombstone_ttl,
+            max_response_bytes: self.settings.max_response_bytes,
+            max_checkpoint_bytes: self.settings.max_checkpoint_bytes,
             bounds,
             clock: self.clock,
         };

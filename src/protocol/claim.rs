@@ -13,6 +13,7 @@ use crate::model::clock::Timestamp;
 use crate::model::fingerprint::Fingerprint;
 use crate::model::limits::MAX_LEASE;
 use crate::model::scope::Scope;
+use crate::model::settings::lease_in_range;
 
 /// What a winner of `begin` holds, in any backend: its scope, the request's fingerprint and
 /// the grant, kept up to date as the holder extends and checkpoints.
@@ -140,9 +141,10 @@ impl Holding {
     }
 }
 
-/// Checks a lease a holder asks for: more than zero, at most [`MAX_LEASE`].
+/// Checks a lease a holder asks for, by the rule a store's own lease setting keeps
+/// ([`lease_in_range`]: 1 ms ..= [`MAX_LEASE`]).
 pub(crate) fn check_lease(lease: Duration) -> Result<(), ClaimError> {
-    if lease.is_zero() || lease > MAX_LEASE {
+    if !lease_in_range(lease) {
         return Err(ClaimError::InvalidLease {
             requested_ms: lease.as_millis(),
             max_ms: MAX_LEASE.as_millis(),
@@ -183,10 +185,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lease_is_more_than_zero_and_at_most_the_maximum() {
+    fn a_lease_is_a_millisecond_at_least_and_at_most_the_maximum() {
         assert!(check_lease(Duration::from_millis(1)).is_ok());
         assert!(check_lease(MAX_LEASE).is_ok());
-        for bad in [Duration::ZERO, MAX_LEASE + Duration::from_millis(1)] {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(500),
+            MAX_LEASE + Duration::from_millis(1),
+        ] {
             assert!(
                 matches!(check_lease(bad), Err(ClaimError::InvalidLease { .. })),
                 "{bad:?}"

@@ -185,20 +185,22 @@ fn an_oversized_response_is_refused_and_the_claim_stays_held() -> TestResult {
 #[test]
 fn invalid_settings_and_tables_fail_at_open() -> TestResult {
     let dir = tempfile::tempdir()?;
-    let err = Store::builder()
-        .lease(Duration::ZERO)
-        .open(dir.path().join("a"))
-        .err();
-    assert!(
-        matches!(
-            err,
-            Some(OpenError::InvalidConfig {
-                setting: "lease",
-                ..
-            })
-        ),
-        "{err:?}"
-    );
+    for lease in [Duration::ZERO, Duration::from_micros(500)] {
+        let err = Store::builder()
+            .lease(lease)
+            .open(dir.path().join("a"))
+            .err();
+        assert!(
+            matches!(
+                err,
+                Some(OpenError::InvalidConfig {
+                    setting: "lease",
+                    ..
+                })
+            ),
+            "{lease:?}: {err:?}"
+        );
+    }
     let err = Store::builder()
         .max_batch(0)
         .open(dir.path().join("a"))
