@@ -25,8 +25,8 @@ pub enum Work {
     Panic,
 }
 
-/// A backend with a one-step `execute` ([`Store::execute`], [`PgStore::execute`]), and a
-/// business table the work writes.
+/// A backend with a one-step `execute` ([`Store::execute`](crate::Store::execute),
+/// [`PgStore::execute`](crate::PgStore::execute)), and a business table the work writes.
 ///
 /// [`PgStore::execute`]: crate::PgStore::execute
 pub trait ExecuteHarness: Harness {
