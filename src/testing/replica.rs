@@ -322,6 +322,17 @@ fn unknown_writer() -> WriterIdentity {
 impl Replica for MemoryReplica {
     fn claim(&self, me: &WriterIdentity, epoch: u64) -> Result<StreamPosition, ReplicaError> {
         let mut broker = self.answer()?;
+        // A handle cut off ([`MemoryReplica::cut_off`]) stays cut off: its box is lost, and
+        // the shipper threads a test leaves running must not claim the stream back (they
+        // could, before a restore took it over, as the writer the entry still names).
+        let cut = self
+            .claimed
+            .lock()
+            .as_ref()
+            .is_some_and(|old| old.generation != broker.generation);
+        if cut {
+            return Err(unreachable("this handle's box was cut off from the stream"));
+        }
         let log_epoch = broker.stream.as_ref().map_or(0, Log::last_epoch);
         if log_epoch > epoch {
             // A take-over's marker, before its entry is written.
