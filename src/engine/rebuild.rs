@@ -98,10 +98,24 @@ fn take_over(
 
 /// Records the store's writer epoch in its metadata, durably.
 fn write_epoch(db: &Database, epoch: u64) -> Result<(), RestoreError> {
+    // A store's epoch only grows: a restore writes one past every epoch it read, and the
+    // metadata it restored holds one of those.
+    if let Ok(held) = meta::writer_epoch(db) {
+        assert!(
+            held <= epoch,
+            "a restore would move the store's writer epoch back from {held} to {epoch}"
+        );
+    }
     let mut txn = db.begin_write()?;
     txn.set_durability(redb::Durability::Immediate)?;
     meta::set_writer_epoch(&txn, epoch)?;
     txn.commit()?;
+    if let Ok(held) = meta::writer_epoch(db) {
+        assert_eq!(
+            held, epoch,
+            "the writer epoch read back is not the one written"
+        );
+    }
     Ok(())
 }
 

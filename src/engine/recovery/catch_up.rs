@@ -49,7 +49,8 @@ pub(crate) fn catch_up(
     config: &Config,
     through: Option<u64>,
 ) -> Result<CaughtUp, OpenError> {
-    let checkpoint = meta::load(db)?.log_checkpoint;
+    let before = meta::load(db)?;
+    let checkpoint = before.log_checkpoint;
     let log_dir = match config.durability {
         Durability::Wal => Some(storage.log_dir()?),
         Durability::Redb => storage.existing_log_dir()?,
@@ -76,10 +77,25 @@ pub(crate) fn catch_up(
             Durability::Redb => {}
         }
     }
+    let after = meta::load(db)?;
+    // Replay only adds what the log holds past the checkpoint: the fences it hands out and
+    // the checkpoint itself never go back.
+    assert!(
+        after.next_fence >= before.next_fence,
+        "replay moved the next fence back from {} to {}",
+        before.next_fence,
+        after.next_fence
+    );
+    assert!(
+        after.log_checkpoint.seq >= checkpoint.seq,
+        "catching up moved the checkpoint back from frame {} to {}",
+        checkpoint.seq,
+        after.log_checkpoint.seq
+    );
     Ok(CaughtUp {
         report,
         log,
-        next_fence: meta::load(db)?.next_fence,
+        next_fence: after.next_fence,
     })
 }
 
@@ -114,6 +130,7 @@ fn replay(
     };
     let mut txn: Option<redb::WriteTransaction> = None;
     let mut in_txn = 0u64;
+    let mut previous = checkpoint.seq;
     let recovered = wal::recover(
         dir,
         &path,
@@ -121,6 +138,18 @@ fn replay(
         through,
         config.segment_bytes,
         &mut |frame| {
+            // Frames come past the checkpoint, each once, in order, and none past `through`.
+            assert!(
+                frame.seq > previous,
+                "replay was handed frame {} after frame {previous}",
+                frame.seq
+            );
+            assert!(
+                through.is_none_or(|last| frame.seq <= last),
+                "replay was handed frame {} past the last one to replay ({through:?})",
+                frame.seq
+            );
+            previous = frame.seq;
             let current = match txn.as_ref() {
                 Some(current) => current,
                 None => txn.insert(begin().map_err(RecoveryError::Apply)?),
@@ -139,6 +168,11 @@ fn replay(
     if let Some(txn) = txn {
         txn.commit().map_err(|e| apply_error(e.into()))?;
     }
+    assert!(
+        recovered.last_seq == previous,
+        "the log says it replayed through frame {}, the replay saw frame {previous} last",
+        recovered.last_seq
+    );
     let mut report = recovered.report;
     report.duration = started.elapsed();
     Ok(Replayed {
@@ -169,6 +203,13 @@ pub(crate) fn checkpoint_unsynced(
     unsynced: &Unsynced,
     segment: u64,
 ) -> Result<(), OpenError> {
+    // The checkpoint never passes what is durable, and this frame never was.
+    let checkpointed = meta::load(db)?.log_checkpoint.seq;
+    assert!(
+        unsynced.seq > checkpointed,
+        "the frame whose sync failed ({}) is at or below the checkpoint ({checkpointed})",
+        unsynced.seq
+    );
     let path = storage.log_path();
     let mut txn = db.begin_write().map_err(|e| apply_error(e.into()))?;
     txn.set_durability(redb::Durability::Immediate)
