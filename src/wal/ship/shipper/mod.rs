@@ -408,6 +408,14 @@ impl Inner {
             state.needs_snapshot = true;
             state.overflows += 1;
         }
+        // The queue stays in order, with no frame twice: `shipped` pops acknowledged
+        // frames from its front by sequence number.
+        assert!(
+            state.queue.back().is_none_or(|q| q.frame.seq < frame.seq),
+            "frame {} queued behind frame {:?}",
+            frame.seq,
+            state.queue.back().map(|q| q.frame.seq)
+        );
         state.queued_bytes += len;
         state.queue.push_back(Queued {
             frame,
@@ -495,6 +503,10 @@ impl Inner {
 
     /// The replica acknowledged `batch`.
     fn shipped(&self, batch: &[ShippedFrame]) {
+        assert!(
+            batch.windows(2).all(|w| w[0].seq < w[1].seq),
+            "an acknowledged batch is in order, each frame once"
+        );
         let now = Instant::now();
         let mut state = self.state.lock();
         for frame in batch {
