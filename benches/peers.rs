@@ -34,7 +34,7 @@
 //!   with pools of 8 to 64, in the database at `IDEMSTORE_PG_URL`; the same at pool 16 through
 //!   PgBouncer (`IDEMSTORE_PGBOUNCER_URL`, `.ci/pgbouncer`); and with `--features
 //!   postgres,testing`, a prototype that sends `execute`'s statements pipelined
-//!   (`benches/peers/postgres_peers.rs`).
+//!   (`benches/peers/pipelined.rs`).
 
 mod common;
 
