@@ -59,8 +59,8 @@ impl PgClaim {
             u32::try_from(attempt).map_err(|_| not_a_claim(&format!("attempt {attempt}")))?;
         let lease_until: Option<i64> = row.try_get("lease_until_ms").map_err(read)?;
         let lease_until = lease_until.unwrap_or(0);
-        // The claim set its lease to its statement's `now` plus this lease, to the millisecond.
-        let claimed_at = lease_until.saturating_sub(duration_i64(store.inner.config.lease));
+        // The statement's own `now`: when this grant was made, whatever lease it was given.
+        let claimed_at: i64 = row.try_get("claimed_ms").map_err(read)?;
         let grant = Grant {
             fence,
             origin_fence,

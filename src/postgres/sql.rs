@@ -21,9 +21,9 @@ fn now(n: usize) -> String {
 pub(crate) struct Sql {
     /// The claim of one or several scopes at once: `$1..$3` their tenants, operations and
     /// keys, `$4` their fingerprints (four arrays of one length, no scope twice), `$5` lease
-    /// ms, `$6` now, `$7` tombstone TTL ms. Returns a row, with its scope, for each scope it
-    /// claimed or took over, and one with `busy` true for each another session holds (see
-    /// [`Hold::Shared`]). For a batch of `begin`s.
+    /// ms, `$6` now, `$7` tombstone TTL ms. Returns a row, with its scope and the time it was
+    /// granted at (`claimed_ms`), for each scope it claimed or took over, and one with `busy`
+    /// true for each another session holds (see [`Hold::Shared`]). For a batch of `begin`s.
     pub(crate) claim: Arc<str>,
     /// The same for `execute`'s one scope, in its transaction ([`Hold::Exclusive`]).
     pub(crate) claim_held: Arc<str>,
@@ -203,10 +203,10 @@ fn claim(names: &Names, hold: Hold) -> String {
                 OR (r.state = {TOMBSTONE} AND r.expires_ms <= EXCLUDED.created_ms)
              RETURNING r.tenant, r.operation, r.key, r.fence, r.origin_fence, r.attempt,
                        r.lease_until_ms, r.checkpoint)
-         SELECT c.*, false AS busy FROM c
+         SELECT c.*, t.now AS claimed_ms, false AS busy FROM c, t
          UNION ALL
          SELECT q.tenant, q.operation, q.key, NULL::bigint, NULL::bigint, NULL::integer,
-                NULL::bigint, NULL::bytea, true FROM q WHERE NOT q.free",
+                NULL::bigint, NULL::bytea, NULL::bigint, true FROM q WHERE NOT q.free",
         now6 = now(6)
     )
 }
