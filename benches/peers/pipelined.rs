@@ -12,13 +12,13 @@
 use std::sync::Arc;
 
 use idemstore::testing::postgres::record_statements;
-use idemstore::{Fingerprint, PgStore, Sweep};
+use idemstore::{Fingerprint, PgStore};
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Statement};
 
-use super::{BODY, Made, Peer, ROW, Target, drop_all, key, prefix, runtime};
+use super::{BODY, Made, Peer, ROW, Target, drop_all, key, prefix, runtime, store_with_orders};
 
 /// One connection and its prepared statements.
 struct Connection {
@@ -44,17 +44,7 @@ impl Pipelined {
         let url = target.url();
         let (store, idle) = runtime
             .block_on(async {
-                let store = PgStore::builder(&url)
-                    .prefix(&prefix)
-                    .pool_size(1)
-                    .sweep(Sweep::Off)
-                    .open()
-                    .await?;
-                idemstore::sqlx::query(idemstore::sqlx::AssertSqlSafe(format!(
-                    "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
-                )))
-                .execute(store.pool())
-                .await?;
+                let (store, insert) = store_with_orders(&url, &prefix, 1).await?;
                 let statements = record_statements(&prefix)?;
                 let text = |name: &str| {
                     statements
@@ -64,7 +54,6 @@ impl Pipelined {
                         .expect("the store's statement")
                 };
                 let (claim, complete) = (text("claim_held"), text("complete"));
-                let insert = format!("INSERT INTO {prefix}orders (id, body) VALUES ($1, $2)");
                 let mut idle = Vec::new();
                 for _ in 0..pool_size {
                     let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;

@@ -191,6 +191,28 @@ pub(super) fn server_cost(
     })
 }
 
+/// A store under `prefix` at `url` with `pool_size` connections, and the business table its
+/// pairs write to: the store and the row's `INSERT`.
+async fn store_with_orders(
+    url: &str,
+    prefix: &str,
+    pool_size: u32,
+) -> Result<(PgStore, String), idemstore::BoxError> {
+    let store = PgStore::builder(url)
+        .prefix(prefix)
+        .pool_size(pool_size)
+        .sweep(Sweep::Off)
+        .open()
+        .await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
+    )))
+    .execute(store.pool())
+    .await?;
+    let insert = format!("INSERT INTO {prefix}orders (id, body) VALUES ($1, $2)");
+    Ok((store, insert))
+}
+
 /// How the backend runs a pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Path {
@@ -215,23 +237,7 @@ impl Backend {
         let runtime = runtime();
         let prefix = prefix("idem");
         let (store, insert) = runtime
-            .block_on(async {
-                let store = PgStore::builder(&target.url())
-                    .prefix(&prefix)
-                    .pool_size(pool_size)
-                    .sweep(Sweep::Off)
-                    .open()
-                    .await?;
-                sqlx::query(AssertSqlSafe(format!(
-                    "CREATE TABLE {prefix}orders (id text PRIMARY KEY, body bytea NOT NULL)"
-                )))
-                .execute(store.pool())
-                .await?;
-                Ok::<_, idemstore::BoxError>((
-                    store,
-                    format!("INSERT INTO {prefix}orders (id, body) VALUES ($1, $2)"),
-                ))
-            })
+            .block_on(store_with_orders(&target.url(), &prefix, pool_size))
             .map_err(|e| target.unreachable(&e))?;
         Ok(Box::new(Backend {
             runtime,

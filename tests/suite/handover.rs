@@ -104,9 +104,7 @@ fn the_new_writer_reopens_after_its_clean_close() -> TestResult {
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let a = shipping(&clock, &replica, REFUSE).open(dir.path().join("a"))?;
-    pair(&a, "a-0")?;
-    lose(a, &replica);
+    lost_after_one_pair(dir.path(), &clock, &replica)?;
     let b_dir = dir.path().join("b");
     Store::restore(&replica.handle(), &b_dir, Takeover::Yes)?;
     drop(shipping(&clock, &replica, REFUSE).open(&b_dir)?);
@@ -329,9 +327,7 @@ fn a_restore_takes_over_before_it_places_the_store_and_a_killed_one_restores_aga
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let a = shipping(&clock, &replica, REFUSE).open(dir.path().join("a"))?;
-    pair(&a, "a-0")?;
-    lose(a, &replica);
+    lost_after_one_pair(dir.path(), &clock, &replica)?;
     let dest = dir.path().join("b");
     let seen = Arc::new(Mutex::new(Vec::new()));
     let source = |die_after_take_over| Watching {
@@ -368,9 +364,7 @@ fn a_restore_is_private_says_what_to_do_and_cleans_up_after_a_killed_one() -> Te
     let dir = tempfile::tempdir()?;
     let clock = clock();
     let replica = MemoryReplica::new();
-    let a = shipping(&clock, &replica, REFUSE).open(dir.path().join("a"))?;
-    pair(&a, "a-0")?;
-    lose(a, &replica);
+    lost_after_one_pair(dir.path(), &clock, &replica)?;
 
     replica.set_fault(ReplicaFault::Down);
     let dest = dir.path().join("b");
@@ -401,5 +395,13 @@ fn a_restore_is_private_says_what_to_do_and_cleans_up_after_a_killed_one() -> Te
         0o600,
         "the restored database is mode {mode:o}"
     );
+    Ok(())
+}
+
+/// Box A, shipping synchronously under `dir`, acknowledges `a-0` and is lost.
+fn lost_after_one_pair(dir: &Path, clock: &ManualClock, replica: &MemoryReplica) -> TestResult {
+    let a = shipping(clock, replica, REFUSE).open(dir.join("a"))?;
+    pair(&a, "a-0")?;
+    lose(a, replica);
     Ok(())
 }

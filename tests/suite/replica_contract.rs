@@ -24,10 +24,10 @@ use std::sync::Arc;
 use idemstore::testing::MemoryReplica;
 use idemstore::{
     Guarantee, Lineage, Replica, ReplicaError, ReplicaSource, ShippedFrame, SnapshotInfo,
-    WriterIdentity,
 };
 
 use common::TestResult;
+use common::frames::{frame, frames, store};
 
 /// A broker holding one stream, with handles to it.
 trait Broker {
@@ -119,27 +119,6 @@ contract!(
     a_broker_that_forgets_is_lost_to_its_writer_which_claims_and_catches_up,
     a_take_over_of_a_forgotten_stream_starts_past_the_epoch_the_restore_knows,
 );
-
-/// A store at `dir` on a test host.
-fn store(dir: &str, pid: u32) -> WriterIdentity {
-    WriterIdentity {
-        host: "test-host".to_owned(),
-        pid,
-        dir: dir.into(),
-    }
-}
-
-/// Frame `seq` with a payload that names it.
-fn frame(seq: u64) -> ShippedFrame {
-    ShippedFrame {
-        seq,
-        payload: Arc::new(format!("frame {seq}").into_bytes()),
-    }
-}
-
-fn frames(seqs: std::ops::RangeInclusive<u64>) -> Vec<ShippedFrame> {
-    seqs.map(frame).collect()
-}
 
 fn complete() -> Lineage {
     Lineage::of(Guarantee::Complete)

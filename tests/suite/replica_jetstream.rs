@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use idemstore::Lineage;
 use idemstore::replica::JetStream;
-use idemstore::{Guarantee, Replica, ReplicaError, ReplicaSource, ShippedFrame, WriterIdentity};
+use idemstore::{Guarantee, Replica, ReplicaError, ReplicaSource, ShippedFrame};
 
 use common::TestResult;
+use common::frames::{frame, frames, store};
 use common::nats::{unique, url};
 
 /// The time limit the tests give the replica where they measure it.
@@ -75,27 +76,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         common::nats::drop_replica(&self.name);
     }
-}
-
-/// A store at `dir` on a test host.
-fn store(dir: &str, pid: u32) -> WriterIdentity {
-    WriterIdentity {
-        host: "test-host".to_owned(),
-        pid,
-        dir: dir.into(),
-    }
-}
-
-/// Frame `seq` with a payload that names it.
-fn frame(seq: u64) -> ShippedFrame {
-    ShippedFrame {
-        seq,
-        payload: Arc::new(format!("frame {seq}").into_bytes()),
-    }
-}
-
-fn frames(seqs: std::ops::RangeInclusive<u64>) -> Vec<ShippedFrame> {
-    seqs.map(frame).collect()
 }
 
 /// Every frame after `after`, as `frames_after` gives them, and the last frame it returns.

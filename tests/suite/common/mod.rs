@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(any(feature = "nats", feature = "testing"))]
+pub mod frames;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "nats")]
