@@ -214,11 +214,9 @@ impl MemoryReplica {
             return Err(lost("the stream does not exist (the broker lost it)"));
         };
         if claimed.generation != broker.generation {
-            return Err(ReplicaError::OtherWriter {
-                holder: slot(broker)
-                    .and_then(|s| s.writer.clone())
-                    .unwrap_or_else(unknown_writer),
-            });
+            // Cut off: to the box, the broker has gone silent (a partition, or a box that is
+            // gone), not another writer.
+            return Err(unreachable("this handle's box was cut off from the stream"));
         }
         if log.last_seq() != claimed.last_seq {
             // Someone else appended (JetStream: wrong last sequence). Whose, the entry says.
@@ -308,14 +306,6 @@ fn not_claimed() -> ReplicaError {
 fn unreachable(detail: &str) -> ReplicaError {
     ReplicaError::Unreachable {
         detail: detail.into(),
-    }
-}
-
-fn unknown_writer() -> WriterIdentity {
-    WriterIdentity {
-        host: "unknown".into(),
-        pid: 0,
-        dir: "unknown".into(),
     }
 }
 
@@ -420,11 +410,9 @@ impl Replica for MemoryReplica {
             return Err(lost("the stream does not exist (the broker lost it)"));
         }
         if claimed.generation != broker.generation {
-            return Err(ReplicaError::OtherWriter {
-                holder: slot(&broker)
-                    .and_then(|s| s.writer.clone())
-                    .unwrap_or_else(unknown_writer),
-            });
+            // Cut off: to the box, the broker has gone silent (a partition, or a box that is
+            // gone), not another writer.
+            return Err(unreachable("this handle's box was cut off from the stream"));
         }
         writer_epoch::may_write(slot(&broker), &claimed.me, claimed.epoch).map_err(refusal)?;
         if snapshot_seq(&broker) > seq {
